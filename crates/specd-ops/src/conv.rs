@@ -1,0 +1,54 @@
+//! Causal depthwise 1-D convolution followed by SiLU (the Gated DeltaNet input conv).
+
+use crate::activation::silu;
+
+/// `state`: the last `k−1` inputs, `(k−1) × c` with row 0 the oldest; `w`: `c × k` (tap `k−1`
+/// multiplies the current input); `x`: `T × c`. Writes `out` (`T × c`, after SiLU) and
+/// `state_out` (the last `k−1` rows of `[state | x]`). `state` and `state_out` may not alias.
+pub fn causal_conv_silu(
+    state: &[f32],
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    c: usize,
+    out: &mut [f32],
+    state_out: &mut [f32],
+) {
+    let t_len = x.len() / c;
+    let hist = k - 1;
+    // Input row i of the virtual sequence [state | x].
+    let row = |i: usize| -> &[f32] {
+        if i < hist {
+            &state[i * c..(i + 1) * c]
+        } else {
+            &x[(i - hist) * c..(i - hist + 1) * c]
+        }
+    };
+    for t in 0..t_len {
+        let o = &mut out[t * c..(t + 1) * c];
+        o.fill(0.0);
+        for tau in 0..k {
+            let xr = row(t + tau);
+            for ch in 0..c {
+                o[ch] += w[ch * k + tau] * xr[ch];
+            }
+        }
+        for v in o.iter_mut() {
+            *v = silu(*v);
+        }
+    }
+    window(state, x, hist, c, t_len, state_out);
+}
+
+/// The conv state after the first `n` of the `x` rows: the last `hist` rows of `[state | x[..n]]`.
+pub fn window(state: &[f32], x: &[f32], hist: usize, c: usize, n: usize, state_out: &mut [f32]) {
+    for j in 0..hist {
+        let i = n + j; // index in [state | x] of the j-th kept row
+        let src = if i < hist {
+            &state[i * c..(i + 1) * c]
+        } else {
+            &x[(i - hist) * c..(i - hist + 1) * c]
+        };
+        state_out[j * c..(j + 1) * c].copy_from_slice(src);
+    }
+}

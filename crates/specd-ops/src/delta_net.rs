@@ -1,0 +1,208 @@
+//! The gated delta rule (Gated DeltaNet recurrence), token by token.
+//!
+//! Used for single-token decode, verification batches, prefill *and* the fast rollback (which
+//! replays this recurrence over cached per-token inputs): one implementation means the replayed
+//! state is bit-identical to the state a plain decode would have produced.
+
+use crate::parallel::SyncPtr;
+use crate::vec::{decay_dot, update_dot};
+use rayon::prelude::*;
+
+/// Head layout of one Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnShape {
+    pub n_k: usize,
+    pub n_v: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    /// Value head `j` uses key head `j % n_k` (tiled, qwen35 GGUFs) instead of `j / (n_v/n_k)`
+    /// (grouped, qwen3next).
+    pub tiled: bool,
+}
+
+impl GdnShape {
+    /// f32 elements of one sequence's state (`n_v × d_v × d_k`).
+    pub fn state_len(&self) -> usize {
+        self.n_v * self.d_v * self.d_k
+    }
+    fn key_head(&self, j: usize) -> usize {
+        if self.tiled {
+            j % self.n_k
+        } else {
+            j / (self.n_v / self.n_k)
+        }
+    }
+}
+
+/// Per-token inputs of the recurrence for `T` tokens: `q`, `k` are `T × n_k × d_k` (q already
+/// L2-normalised and scaled by 1/√d_k, k L2-normalised), `v` is `T × n_v × d_v`, `decay` (γ = e^g)
+/// and `beta` are `T × n_v`.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub decay: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+/// Runs the recurrence from `state_in` over all tokens of `inp`, writing the final state to
+/// `state_out` and the per-token outputs to `out` (`T × n_v × d_v`, pass an empty slice to skip).
+/// With `snapshots = Some((buf, first))`, the state after each token `t ≥ first` is stored in
+/// slot `t − first` of `buf` (`slots × state_len`).
+///
+/// State layout per head `j`: `d_v` rows of `d_k` (row `vi` is column `vi` of the math state
+/// S ∈ R^{d_k×d_v}), so every step is a contiguous row pass.
+pub fn gated_delta_rule(
+    shape: GdnShape,
+    state_in: &[f32],
+    state_out: &mut [f32],
+    inp: GdnInputs<'_>,
+    out: &mut [f32],
+    snapshots: Option<(&mut [f32], usize)>,
+) {
+    let GdnShape { n_k, n_v, d_k, d_v, .. } = shape;
+    let t_len = inp.decay.len() / n_v;
+    let head_len = d_v * d_k;
+    let want_out = !out.is_empty();
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let snap_first = snapshots.as_ref().map_or(0, |s| s.1);
+    let snap_ptr = snapshots.map(|s| SyncPtr(s.0.as_mut_ptr()));
+    let state_len = shape.state_len();
+    state_out
+        .par_chunks_mut(head_len)
+        .zip(state_in.par_chunks(head_len))
+        .enumerate()
+        .for_each(|(j, (s, s_in))| {
+            s.copy_from_slice(s_in);
+            let kh = shape.key_head(j);
+            for t in 0..t_len {
+                let q = &inp.q[(t * n_k + kh) * d_k..][..d_k];
+                let k = &inp.k[(t * n_k + kh) * d_k..][..d_k];
+                let v = &inp.v[(t * n_v + j) * d_v..][..d_v];
+                let g = inp.decay[t * n_v + j];
+                let b = inp.beta[t * n_v + j];
+                for (vi, row) in s.chunks_exact_mut(d_k).enumerate() {
+                    let u = decay_dot(row, g, k);
+                    let delta = b * (v[vi] - u);
+                    let o = update_dot(row, delta, k, q);
+                    if want_out {
+                        // SAFETY: (t, j, vi) is written by this head's task only.
+                        unsafe { out_ptr.write((t * n_v + j) * d_v + vi, o) };
+                    }
+                }
+                if let (Some(sp), true) = (snap_ptr, t >= snap_first) {
+                    let slot = t - snap_first;
+                    // SAFETY: head j's slice of each snapshot belongs to this task only.
+                    let dst = unsafe { sp.slice_mut(slot * state_len + j * head_len, head_len) };
+                    dst.copy_from_slice(s);
+                }
+            }
+        });
+}
+
+/// Owned per-token inputs of the recurrence (see [`GdnInputs`]).
+#[derive(Debug, Clone, Default)]
+pub struct GdnInputsOwned {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub decay: Vec<f32>,
+    pub beta: Vec<f32>,
+}
+
+impl GdnInputsOwned {
+    /// Borrowed view of tokens `a..b`.
+    pub fn range(&self, shape: GdnShape, a: usize, b: usize) -> GdnInputs<'_> {
+        let (qk, vv, nv) = (shape.n_k * shape.d_k, shape.n_v * shape.d_v, shape.n_v);
+        GdnInputs {
+            q: &self.q[a * qk..b * qk],
+            k: &self.k[a * qk..b * qk],
+            v: &self.v[a * vv..b * vv],
+            decay: &self.decay[a * nv..b * nv],
+            beta: &self.beta[a * nv..b * nv],
+        }
+    }
+    /// Owned copy of tokens `a..b`.
+    pub fn range_owned(&self, shape: GdnShape, a: usize, b: usize) -> GdnInputsOwned {
+        let r = self.range(shape, a, b);
+        GdnInputsOwned {
+            q: r.q.to_vec(),
+            k: r.k.to_vec(),
+            v: r.v.to_vec(),
+            decay: r.decay.to_vec(),
+            beta: r.beta.to_vec(),
+        }
+    }
+    /// Keeps tokens `0..n`.
+    pub fn truncate(&mut self, shape: GdnShape, n: usize) {
+        let (qk, vv) = (shape.n_k * shape.d_k, shape.n_v * shape.d_v);
+        self.q.truncate(n * qk);
+        self.k.truncate(n * qk);
+        self.v.truncate(n * vv);
+        self.decay.truncate(n * shape.n_v);
+        self.beta.truncate(n * shape.n_v);
+    }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        4 * (self.q.len() + self.k.len() + self.v.len() + self.decay.len() + self.beta.len())
+    }
+}
+
+/// Per-layer constants that turn projections into recurrence inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnGates<'a> {
+    /// `ssm_dt.bias`, `n_v`.
+    pub dt_bias: &'a [f32],
+    /// `ssm_a` = −exp(A_log), `n_v`.
+    pub a: &'a [f32],
+    /// RMS epsilon, also used by the q/k L2 norm.
+    pub eps: f32,
+}
+
+/// Builds the recurrence inputs from the conv output (`T × conv_dim`, after SiLU, ordered
+/// `[q | k | v]`) and the `alpha`/`beta` projections (`T × n_v`), per qwen35.md §3.5 steps 3–5:
+/// L2-normalise q and k per key head, scale q by 1/√d_k, β = σ(b), γ = exp(a·softplus(α + dt)).
+pub fn prepare_inputs(
+    shape: GdnShape,
+    conv_out: &[f32],
+    alpha: &[f32],
+    beta_logits: &[f32],
+    gates: GdnGates<'_>,
+) -> GdnInputsOwned {
+    use crate::activation::{sigmoid, softplus};
+    use crate::norm::l2_norm_inplace;
+    let key_dim = shape.n_k * shape.d_k;
+    let val_dim = shape.n_v * shape.d_v;
+    let conv_dim = 2 * key_dim + val_dim;
+    let t_len = conv_out.len() / conv_dim;
+    let mut r = GdnInputsOwned {
+        q: Vec::with_capacity(t_len * key_dim),
+        k: Vec::with_capacity(t_len * key_dim),
+        v: Vec::with_capacity(t_len * val_dim),
+        decay: Vec::with_capacity(t_len * shape.n_v),
+        beta: Vec::with_capacity(t_len * shape.n_v),
+    };
+    let q_scale = 1.0 / (shape.d_k as f32).sqrt();
+    for t in 0..t_len {
+        let row = &conv_out[t * conv_dim..(t + 1) * conv_dim];
+        let q0 = r.q.len();
+        r.q.extend_from_slice(&row[..key_dim]);
+        r.k.extend_from_slice(&row[key_dim..2 * key_dim]);
+        r.v.extend_from_slice(&row[2 * key_dim..]);
+        for h in 0..shape.n_k {
+            let qh = &mut r.q[q0 + h * shape.d_k..q0 + (h + 1) * shape.d_k];
+            l2_norm_inplace(qh, gates.eps);
+            for v in qh.iter_mut() {
+                *v *= q_scale;
+            }
+            l2_norm_inplace(&mut r.k[q0 + h * shape.d_k..q0 + (h + 1) * shape.d_k], gates.eps);
+        }
+        for j in 0..shape.n_v {
+            let i = t * shape.n_v + j;
+            r.beta.push(sigmoid(beta_logits[i]));
+            r.decay.push((gates.a[j] * softplus(alpha[i] + gates.dt_bias[j])).exp());
+        }
+    }
+    r
+}

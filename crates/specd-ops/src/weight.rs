@@ -1,0 +1,195 @@
+//! Weight matrices as the kernels see them: raw bytes in one of the natively supported layouts,
+//! usually borrowed from the memory-mapped model file without a copy.
+
+use crate::OpsError;
+use half::{bf16, f16};
+use std::sync::Arc;
+
+/// Weight layouts with a native matmul kernel. Other GGUF types are dequantised at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    /// ggml Q8_0: blocks of 32 weights = f16 scale + 32 × i8.
+    Q8_0,
+    /// ggml Q4_0: blocks of 32 weights = f16 scale + 16 bytes of nibbles (value = nibble − 8).
+    Q4_0,
+}
+
+impl WeightType {
+    /// Weights per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q8_0 | WeightType::Q4_0 => 32,
+        }
+    }
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q8_0 => 34,
+            WeightType::Q4_0 => 18,
+        }
+    }
+    /// Bytes of one row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
+    }
+    /// Short name as llama.cpp prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::F16 => "f16",
+            WeightType::BF16 => "bf16",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q4_0 => "q4_0",
+        }
+    }
+}
+
+/// Anything that owns a byte buffer the weights live in (a memory map, a `Vec<u8>`).
+pub trait ByteSource: Send + Sync {
+    fn as_bytes(&self) -> &[u8];
+}
+
+impl ByteSource for Vec<u8> {
+    fn as_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A `rows × cols` weight matrix (math shape `[out, in]`, i.e. GGUF `ne = [cols, rows]`): row `o`
+/// holds the `cols` weights that produce output `o`.
+#[derive(Clone)]
+pub struct Weight {
+    pub wtype: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+    src: Arc<dyn ByteSource>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Weight({} {}x{})", self.wtype.name(), self.rows, self.cols)
+    }
+}
+
+impl Weight {
+    /// Wraps `len` bytes at `offset` of `src`, checking that they hold exactly `rows × cols`
+    /// weights of `wtype`.
+    pub fn new(
+        wtype: WeightType,
+        rows: usize,
+        cols: usize,
+        src: Arc<dyn ByteSource>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Self, OpsError> {
+        if cols % wtype.block_elems() != 0 {
+            return Err(OpsError::Shape {
+                op: "weight",
+                detail: format!("{cols} columns is not a multiple of the {} block", wtype.name()),
+            });
+        }
+        let want = wtype.row_bytes(cols) * rows;
+        let have = src.as_bytes().len();
+        if len != want || offset.checked_add(len).is_none_or(|e| e > have) {
+            return Err(OpsError::Shape {
+                op: "weight",
+                detail: format!("{rows}x{cols} {} needs {want} bytes, got {len}", wtype.name()),
+            });
+        }
+        Ok(Weight { wtype, rows, cols, src, offset, len })
+    }
+
+    /// An owned F32 matrix (used for dequantised weights and in tests).
+    pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Result<Self, OpsError> {
+        if data.len() != rows * cols {
+            return Err(OpsError::Shape {
+                op: "weight",
+                detail: format!("{rows}x{cols} from {} floats", data.len()),
+            });
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let len = bytes.len();
+        Weight::new(WeightType::F32, rows, cols, Arc::new(bytes), 0, len)
+    }
+
+    /// Owned matrix from raw bytes of the given type.
+    pub fn from_bytes(
+        wtype: WeightType,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, OpsError> {
+        let len = bytes.len();
+        Weight::new(wtype, rows, cols, Arc::new(bytes), 0, len)
+    }
+
+    /// All bytes of the matrix.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        &self.src.as_bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// Bytes of one row.
+    #[inline]
+    pub fn row_bytes(&self) -> usize {
+        self.wtype.row_bytes(self.cols)
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.len
+    }
+
+    /// Dequantises row `r` into `out` (`cols` floats). Used for embedding lookups.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        let row = &self.bytes()[r * rb..(r + 1) * rb];
+        dequantize(self.wtype, row, out);
+    }
+}
+
+/// Dequantises a run of whole blocks of `wtype` into `out`.
+pub fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
+    match wtype {
+        WeightType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        WeightType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        WeightType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        WeightType::Q8_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(34)) {
+                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                for (v, &q) in o.iter_mut().zip(&b[2..34]) {
+                    *v = d * (q as i8) as f32;
+                }
+            }
+        }
+        WeightType::Q4_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {
+                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                for j in 0..16 {
+                    o[j] = d * ((b[2 + j] & 0x0f) as i32 - 8) as f32;
+                    o[j + 16] = d * ((b[2 + j] >> 4) as i32 - 8) as f32;
+                }
+            }
+        }
+    }
+}

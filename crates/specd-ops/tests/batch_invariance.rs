@@ -1,0 +1,170 @@
+//! Every kernel must give bit-identical per-row results whatever the batch around the row.
+
+use proptest::prelude::*;
+use specd_ops::attention::{attention, AttnShape};
+use specd_ops::delta_net::{gated_delta_rule, GdnInputs, GdnShape};
+use specd_ops::{matmul, Weight, WeightType};
+
+fn lcg(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for v in b {
+            out.push(((v * id).round() as i8) as u8);
+        }
+    }
+    out
+}
+
+fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in x.chunks(32) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in b {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for j in 0..16 {
+            let q0 = ((b[j] * id + 8.5) as i32).clamp(0, 15) as u8;
+            let q1 = ((b[j + 16] * id + 8.5) as i32).clamp(0, 15) as u8;
+            out.push(q0 | (q1 << 4));
+        }
+    }
+    out
+}
+
+fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let mut r = lcg(seed);
+    let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+    let bytes = match wt {
+        WeightType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        WeightType::F16 => data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+        WeightType::BF16 => data.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        WeightType::Q8_0 => quantize_q8_0(&data),
+        WeightType::Q4_0 => quantize_q4_0(&data),
+    };
+    Weight::from_bytes(wt, rows, cols, bytes).unwrap()
+}
+
+const TYPES: [WeightType; 5] = [WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..20, ti in 0usize..5, seed in 0u64..1000, pick in 0usize..20) {
+        let wt = TYPES[ti];
+        let (rows, cols) = (37, 96);
+        let w = weight(wt, rows, cols, seed);
+        let mut r = lcg(seed + 7);
+        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+        let mut all = vec![0f32; n * rows];
+        matmul(&x, n, &w, &mut all).unwrap();
+        let i = pick % n;
+        let mut one = vec![0f32; rows];
+        matmul(&x[i * cols..(i + 1) * cols], 1, &w, &mut one).unwrap();
+        prop_assert_eq!(&all[i * rows..(i + 1) * rows], &one[..]);
+    }
+}
+
+#[test]
+fn matmul_matches_dequantised_reference() {
+    for wt in TYPES {
+        let (rows, cols, n) = (19, 128, 3);
+        let w = weight(wt, rows, cols, 3);
+        let mut r = lcg(11);
+        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+        let mut out = vec![0f32; n * rows];
+        matmul(&x, n, &w, &mut out).unwrap();
+        let mut wf = vec![0f32; cols];
+        for o in 0..rows {
+            w.dequantize_row(o, &mut wf);
+            for i in 0..n {
+                let exact: f32 = wf.iter().zip(&x[i * cols..]).map(|(a, b)| a * b).sum();
+                let got = out[i * rows + o];
+                // Quantised types also quantise the activations to 8 bits.
+                let tol = match wt {
+                    WeightType::Q8_0 | WeightType::Q4_0 => 0.05 * (1.0 + exact.abs()),
+                    _ => 1e-4 * (1.0 + exact.abs()),
+                };
+                assert!((got - exact).abs() < tol, "{wt:?} row {i} out {o}: {got} vs {exact}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_bad_shapes() {
+    let w = weight(WeightType::F32, 4, 8, 1);
+    let mut out = vec![0f32; 4];
+    assert!(matmul(&[0.0; 7], 1, &w, &mut out).is_err());
+}
+
+#[test]
+fn attention_row_is_independent_of_other_rows() {
+    let shape = AttnShape { n_head: 4, n_kv: 2, d_head: 16 };
+    let n_pos = 9;
+    let mut r = lcg(5);
+    let kc: Vec<f32> = (0..n_pos * 2 * 16).map(|_| r()).collect();
+    let vc: Vec<f32> = (0..n_pos * 2 * 16).map(|_| r()).collect();
+    let q: Vec<f32> = (0..4 * 4 * 16).map(|_| r()).collect();
+    let positions = [5u32, 6, 7, 8];
+    let mut all = vec![0f32; q.len()];
+    attention(&q, &positions, &kc, &vc, shape, 0.25, &mut all);
+    for t in 0..4 {
+        let mut one = vec![0f32; 64];
+        attention(&q[t * 64..(t + 1) * 64], &positions[t..t + 1], &kc, &vc, shape, 0.25, &mut one);
+        assert_eq!(&all[t * 64..(t + 1) * 64], &one[..]);
+    }
+}
+
+#[test]
+fn delta_rule_batch_equals_token_by_token() {
+    let shape = GdnShape { n_k: 2, n_v: 4, d_k: 16, d_v: 16, tiled: true };
+    let t_len = 6;
+    let mut r = lcg(9);
+    let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| r()).collect() };
+    let q = gen(t_len * 32);
+    let k = gen(t_len * 32);
+    let v = gen(t_len * 64);
+    let decay: Vec<f32> = gen(t_len * 4).iter().map(|x| 0.5 + 0.4 * x).collect();
+    let beta: Vec<f32> = gen(t_len * 4).iter().map(|x| 0.5 + 0.4 * x).collect();
+    let s0 = gen(shape.state_len());
+    let mut s_batch = vec![0f32; shape.state_len()];
+    let mut o_batch = vec![0f32; t_len * 64];
+    let mut snaps = vec![0f32; t_len * shape.state_len()];
+    let inp = GdnInputs { q: &q, k: &k, v: &v, decay: &decay, beta: &beta };
+    gated_delta_rule(shape, &s0, &mut s_batch, inp, &mut o_batch, Some((&mut snaps, 0)));
+    let mut s = s0.clone();
+    for t in 0..t_len {
+        let inp = GdnInputs {
+            q: &q[t * 32..(t + 1) * 32],
+            k: &k[t * 32..(t + 1) * 32],
+            v: &v[t * 64..(t + 1) * 64],
+            decay: &decay[t * 4..(t + 1) * 4],
+            beta: &beta[t * 4..(t + 1) * 4],
+        };
+        let mut next = vec![0f32; s.len()];
+        let mut o = vec![0f32; 64];
+        gated_delta_rule(shape, &s, &mut next, inp, &mut o, None);
+        assert_eq!(&o[..], &o_batch[t * 64..(t + 1) * 64], "token {t}");
+        assert_eq!(&next[..], &snaps[t * s.len()..(t + 1) * s.len()], "snapshot {t}");
+        s = next;
+    }
+    assert_eq!(s, s_batch);
+}
