@@ -1,0 +1,36 @@
+//! Token sampling for specd with position-keyed randomness and a
+//! rollback-able penalty history.
+//!
+//! Exact speculative decoding needs the token chosen at a position to be a
+//! pure function of `(logits, parameters, seed, position, penalty window)`.
+//! [`Sampler::sample`] therefore takes `&self` and the position, draws its
+//! uniform number from a counter-based generator keyed by `(seed, pos)`
+//! ([`position_uniform`]), and the history can be rolled back with
+//! [`Sampler::truncate_history`] when draft tokens are rejected.
+//!
+//! The chain mirrors llama.cpp's default order: penalties → top-k → typical
+//! → top-p → min-p → temperature → draw.
+//!
+//! ```
+//! use specd_sampling::{Sampler, SamplerParams};
+//!
+//! let params = SamplerParams { seed: 1234, ..SamplerParams::default() };
+//! let mut sampler = Sampler::new(params, &[1, 2, 3]).unwrap();
+//! let logits = [0.1f32, 2.0, 1.5, -1.0];
+//! let token = sampler.sample(&logits, 3);
+//! // Same position, same state: same token.
+//! assert_eq!(token, sampler.sample(&logits, 3));
+//! sampler.accept(token);
+//! ```
+
+mod chain;
+mod history;
+mod logprobs;
+mod params;
+mod rng;
+mod sampler;
+
+pub use logprobs::top_logprobs;
+pub use params::{SamplerParams, SamplingError, RANDOM_SEED};
+pub use rng::{draw, position_uniform};
+pub use sampler::Sampler;

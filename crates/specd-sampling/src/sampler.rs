@@ -1,0 +1,226 @@
+//! The stateful sampler: parameters, resolved seed and penalty history.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use crate::chain::{argmax, clean, desc, filter, penalize, softmax, Cand, Work};
+use crate::history::History;
+use crate::params::{SamplerParams, SamplingError};
+use crate::rng::{draw, draw_iter, position_uniform, resolve_seed};
+
+/// Buffers reused across calls so per-token sampling does not allocate
+/// vocabulary-sized vectors.
+#[derive(Default)]
+struct Scratch {
+    /// Penalised copy of the logits (only used when a penalty applies).
+    logits: Vec<f32>,
+    /// Surviving candidates of the chain.
+    cands: Vec<Cand>,
+    /// Buffers of the filter steps.
+    work: Work,
+}
+
+/// Samples tokens with llama.cpp's default chain, keyed by position.
+///
+/// The outcome of [`sample`](Self::sample) depends only on the logits, the
+/// parameters, the seed, the position and the penalty window of the history
+/// — never on how many times sampling ran. Speculative decoding relies on
+/// this: rows can be sampled in any order, and rejected tokens are undone
+/// with [`truncate_history`](Self::truncate_history), after which every
+/// position samples exactly as it would have without speculation.
+///
+/// `Sampler` is `Send` but not `Sync` (its scratch buffer sits in a
+/// `RefCell`); give each sequence its own.
+pub struct Sampler {
+    params: SamplerParams,
+    seed: u32,
+    history: History,
+    scratch: RefCell<Scratch>,
+}
+
+impl Sampler {
+    /// Validates `params`, resolves a random seed if requested, and seeds the
+    /// penalty history with the prompt (as llama.cpp's server does by
+    /// accepting the prompt tokens into its sampler).
+    pub fn new(params: SamplerParams, prompt_tokens: &[u32]) -> Result<Self, SamplingError> {
+        params.validate()?;
+        let window = match params.repeat_last_n {
+            -1 => None,
+            n => Some(usize::try_from(n).unwrap_or(0)),
+        };
+        let mut history = History::new(window, params.penalties_active());
+        for &t in prompt_tokens {
+            history.push(t);
+        }
+        Ok(Self {
+            params,
+            seed: resolve_seed(params.seed),
+            history,
+            scratch: RefCell::new(Scratch::default()),
+        })
+    }
+
+    /// The parameters as given (their `seed` may be
+    /// [`RANDOM_SEED`](crate::RANDOM_SEED); see [`seed`](Self::seed)).
+    pub fn params(&self) -> &SamplerParams {
+        &self.params
+    }
+
+    /// The concrete seed in use. Passing it as `SamplerParams::seed`
+    /// reproduces this sampler's draws.
+    pub fn seed(&self) -> u32 {
+        self.seed
+    }
+
+    /// Uniform number in `[0, 1)` for `(seed, pos, lane)`; lane 0 is the one
+    /// [`sample`](Self::sample) uses. See [`position_uniform`].
+    pub fn uniform(&self, pos: u64, lane: u32) -> f64 {
+        position_uniform(self.seed, pos, lane)
+    }
+
+    /// Samples the token for position `pos` from `logits` (one entry per
+    /// vocabulary token) without changing the sampler; call
+    /// [`accept`](Self::accept) with the token that is kept.
+    ///
+    /// Equal to `self.sample_from_distribution(&self.distribution(logits), pos)`.
+    /// Greedy parameters return the argmax of the penalised logits (ties →
+    /// lowest id). Empty `logits` yield token 0.
+    pub fn sample(&self, logits: &[f32], pos: u64) -> u32 {
+        let mut s = self.scratch.borrow_mut();
+        self.run_chain(logits, &mut s);
+        match s.cands.as_slice() {
+            [] => 0,
+            // Also the greedy case: no random number needed.
+            [only] => only.id,
+            cands => draw_iter(cands.iter().map(|c| (c.id, c.p)), self.uniform(pos, 0)),
+        }
+    }
+
+    /// The candidate distribution after the whole chain: `(token, p)` pairs
+    /// with `p > 0` summing to 1 (up to rounding). Order: descending
+    /// probability when top-k is enabled; otherwise token-id order (or
+    /// typicality order if typical sampling is on), so that a disabled top-k
+    /// never sorts the whole vocabulary. The order is deterministic and is
+    /// the order in which the draw walks the mass. Greedy parameters give a
+    /// single pair with `p = 1`. Does not depend on the position: only the
+    /// final draw is random.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f32)> {
+        let mut s = self.scratch.borrow_mut();
+        self.run_chain(logits, &mut s);
+        s.cands.iter().map(|c| (c.id, c.p)).collect()
+    }
+
+    /// Draws from a distribution (normally one returned by
+    /// [`distribution`](Self::distribution)) with this sampler's number for
+    /// `pos`; see [`draw`] for the exact rule.
+    pub fn sample_from_distribution(&self, dist: &[(u32, f32)], pos: u64) -> u32 {
+        match dist {
+            [] => 0,
+            [(id, _)] => *id,
+            _ => draw(dist, self.uniform(pos, 0)),
+        }
+    }
+
+    /// Appends a kept token to the history (and the penalty window).
+    pub fn accept(&mut self, token: u32) {
+        self.history.push(token);
+    }
+
+    /// Prompt plus accepted tokens, oldest first.
+    pub fn history(&self) -> &[u32] {
+        self.history.tokens()
+    }
+
+    /// Number of tokens in [`history`](Self::history).
+    pub fn history_len(&self) -> usize {
+        self.history.tokens().len()
+    }
+
+    /// Drops tokens beyond the first `len` (rejected speculative tokens),
+    /// restoring the penalty window exactly; no-op if `len >= history_len()`.
+    pub fn truncate_history(&mut self, len: usize) {
+        self.history.truncate(len);
+    }
+
+    /// Logits with penalties applied: `logits` itself when no penalty
+    /// applies, else a patched copy in `buf` (only the few tokens in the
+    /// window change, so a copy plus point updates beats a per-token lookup).
+    fn penalised<'a>(&self, logits: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let counts = self.history.counts();
+        let applies = counts.keys().any(|&t| (t as usize) < logits.len());
+        if !applies {
+            return logits;
+        }
+        buf.clear();
+        buf.extend_from_slice(logits);
+        for (&t, &c) in counts {
+            // Tokens outside this vocabulary (e.g. from a mismatched prompt)
+            // have nothing to penalise.
+            if let Some(l) = buf.get_mut(t as usize) {
+                *l = penalize(*l, c, &self.params);
+            }
+        }
+        buf
+    }
+
+    /// Runs the chain, leaving the final distribution in `s.cands`.
+    fn run_chain(&self, logits: &[f32], s: &mut Scratch) {
+        let Scratch {
+            logits: buf,
+            cands,
+            work,
+        } = s;
+        cands.clear();
+        let view = self.penalised(logits, buf);
+        if view.is_empty() {
+            return;
+        }
+        let p = &self.params;
+        if p.is_greedy() && p.typical_p >= 1.0 {
+            // top-k, top-p and min-p always keep the best token, so greedy
+            // is one argmax pass over the penalised logits.
+            let i = argmax(view);
+            cands.push(Cand {
+                id: i as u32,
+                logit: clean(view[i]),
+                p: 1.0,
+            });
+            return;
+        }
+        filter(view, p, cands, work);
+        if p.is_greedy() {
+            // Typical sampling may drop the argmax: take the best survivor.
+            if let Some(best) = cands.iter().copied().min_by(desc) {
+                cands.clear();
+                cands.push(Cand { p: 1.0, ..best });
+            }
+            return;
+        }
+        softmax(cands, p.temperature, work);
+        // Zero-mass survivors (underflow, -inf logits) can never be drawn;
+        // dropping them keeps the reported support honest.
+        cands.retain(|c| c.p > 0.0);
+    }
+}
+
+impl Clone for Sampler {
+    /// Clones parameters, seed and history; the scratch buffer starts empty.
+    fn clone(&self) -> Self {
+        Self {
+            params: self.params,
+            seed: self.seed,
+            history: self.history.clone(),
+            scratch: RefCell::new(Scratch::default()),
+        }
+    }
+}
+
+impl fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sampler")
+            .field("params", &self.params)
+            .field("seed", &self.seed)
+            .field("history_len", &self.history_len())
+            .finish_non_exhaustive()
+    }
+}
