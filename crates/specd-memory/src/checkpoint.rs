@@ -23,7 +23,10 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|(c, s)| (c.len() + s.len()) * 4).sum()
+        self.layers
+            .iter()
+            .map(|(c, s)| (c.len() + s.len()) * 4)
+            .sum()
     }
 }
 
@@ -46,7 +49,9 @@ impl CheckpointStore {
             return None;
         }
         while self.bytes + b > budget {
-            let Some((&id, _)) = self.items.iter().next() else { break };
+            let Some((&id, _)) = self.items.iter().next() else {
+                break;
+            };
             self.remove(id);
             self.evicted += 1;
         }
@@ -68,7 +73,12 @@ impl CheckpointStore {
     }
     /// Drops every checkpoint of `seq`.
     pub fn remove_seq(&mut self, seq: SeqId) {
-        let ids: Vec<_> = self.items.iter().filter(|(_, c)| c.seq == seq).map(|(i, _)| *i).collect();
+        let ids: Vec<_> = self
+            .items
+            .iter()
+            .filter(|(_, c)| c.seq == seq)
+            .map(|(i, _)| *i)
+            .collect();
         for id in ids {
             self.remove(id);
         }
@@ -87,7 +97,11 @@ impl CheckpointStore {
     }
     /// Checkpoints of `seq` as (id, position), oldest first.
     pub fn of_seq(&self, seq: SeqId) -> Vec<(CheckpointId, usize)> {
-        self.items.iter().filter(|(_, c)| c.seq == seq).map(|(i, c)| (*i, c.pos)).collect()
+        self.items
+            .iter()
+            .filter(|(_, c)| c.seq == seq)
+            .map(|(i, c)| (*i, c.pos))
+            .collect()
     }
     /// Bytes held by all checkpoints.
     pub fn bytes(&self) -> usize {

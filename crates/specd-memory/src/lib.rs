@@ -115,18 +115,35 @@ pub enum MemoryError {
     #[error("too many sequences (max {0})")]
     TooManySequences(usize),
     #[error("sequence {seq}: position {got} given, next position is {expected}")]
-    BadPosition { seq: SeqId, expected: usize, got: usize },
+    BadPosition {
+        seq: SeqId,
+        expected: usize,
+        got: usize,
+    },
     #[error("sequence {seq}: context full ({needed} positions needed, n_ctx {n_ctx})")]
-    ContextFull { seq: SeqId, needed: usize, n_ctx: usize },
-    #[error("sequence {seq}: cannot roll back {n} tokens without a checkpoint ({available} available)")]
-    RollbackUnavailable { seq: SeqId, n: usize, available: usize },
+    ContextFull {
+        seq: SeqId,
+        needed: usize,
+        n_ctx: usize,
+    },
+    #[error(
+        "sequence {seq}: cannot roll back {n} tokens without a checkpoint ({available} available)"
+    )]
+    RollbackUnavailable {
+        seq: SeqId,
+        n: usize,
+        available: usize,
+    },
     #[error("checkpoint {0:?} not found (evicted or dropped)")]
     CheckpointNotFound(CheckpointId),
     #[error("checkpoint {id:?} belongs to sequence {owner}, not {seq}")]
-    CheckpointOwner { id: CheckpointId, owner: SeqId, seq: SeqId },
+    CheckpointOwner {
+        id: CheckpointId,
+        owner: SeqId,
+        seq: SeqId,
+    },
     #[error("sequence {seq}: checkpoint at position {pos} needs KV positions that were removed (have {have})")]
     CheckpointNeedsKv { seq: SeqId, pos: usize, have: usize },
     #[error("sequence {seq}: a batch is already in progress")]
     BatchInProgress { seq: SeqId },
 }
-

@@ -4,8 +4,8 @@
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore};
 use crate::kv::KvLayer;
 use crate::recurrent::rollback::{BatchRecord, LayerRecord, RollbackMode};
-use crate::recurrent::RecLayer;
 pub use crate::recurrent::GdnLayerIo;
+use crate::recurrent::RecLayer;
 use crate::{MemoryConfig, MemoryError, MemoryLayout, MemoryUsage, SeqId};
 use std::collections::BTreeMap;
 
@@ -32,7 +32,12 @@ pub struct Memory {
 impl Memory {
     /// Empty memory for a model of the given layout.
     pub fn new(layout: MemoryLayout, cfg: MemoryConfig) -> Self {
-        Memory { layout, cfg, seqs: BTreeMap::new(), checkpoints: CheckpointStore::default() }
+        Memory {
+            layout,
+            cfg,
+            seqs: BTreeMap::new(),
+            checkpoints: CheckpointStore::default(),
+        }
     }
 
     /// The layout.
@@ -75,7 +80,11 @@ impl Memory {
                 return Err(MemoryError::TooManySequences(self.cfg.max_seqs));
             }
             if pos != 0 {
-                return Err(MemoryError::BadPosition { seq, expected: 0, got: pos });
+                return Err(MemoryError::BadPosition {
+                    seq,
+                    expected: 0,
+                    got: pos,
+                });
             }
         }
         let lay = self.layout;
@@ -96,10 +105,18 @@ impl Memory {
             return Err(MemoryError::BatchInProgress { seq });
         }
         if pos != s.n_past {
-            return Err(MemoryError::BadPosition { seq, expected: s.n_past, got: pos });
+            return Err(MemoryError::BadPosition {
+                seq,
+                expected: s.n_past,
+                got: pos,
+            });
         }
         if s.n_past + n > self.cfg.n_ctx {
-            return Err(MemoryError::ContextFull { seq, needed: s.n_past + n, n_ctx: self.cfg.n_ctx });
+            return Err(MemoryError::ContextFull {
+                seq,
+                needed: s.n_past + n,
+                n_ctx: self.cfg.n_ctx,
+            });
         }
         s.record = None;
         if lay.is_hybrid() {
@@ -113,11 +130,16 @@ impl Memory {
             if split > 0 {
                 need += lay.recurrent_state_bytes();
             }
-            if mode != RollbackMode::None && win > 0 && other_bytes + need <= self.cfg.rollback_budget {
+            if mode != RollbackMode::None
+                && win > 0
+                && other_bytes + need <= self.cfg.rollback_budget
+            {
                 s.record = Some(BatchRecord {
                     n: win,
                     split,
-                    layers: (0..lay.rec_layers).map(|_| LayerRecord::default()).collect(),
+                    layers: (0..lay.rec_layers)
+                        .map(|_| LayerRecord::default())
+                        .collect(),
                 });
             }
         }
@@ -126,15 +148,27 @@ impl Memory {
     }
 
     /// Appends K and V rows (`n × kv_row` each) of attention layer `layer` during a batch.
-    pub fn kv_append(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) -> Result<(), MemoryError> {
-        let s = self.seqs.get_mut(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+    pub fn kv_append(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), MemoryError> {
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         s.kv[layer].append(k, v);
         Ok(())
     }
 
     /// K and V of attention layer `layer` of `seq` (all positions, including the batch's).
     pub fn kv(&self, seq: SeqId, layer: usize) -> Result<&KvLayer, MemoryError> {
-        let s = self.seqs.get(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         Ok(&s.kv[layer])
     }
 
@@ -142,15 +176,27 @@ impl Memory {
     pub fn gdn_layer(&mut self, seq: SeqId, layer: usize) -> Result<GdnLayerIo<'_>, MemoryError> {
         let mode = self.cfg.rollback;
         let layout = self.layout;
-        let s = self.seqs.get_mut(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         let split = s.record.as_ref().map_or(0, |r| r.split);
         let record = s.record.as_mut().map(|r| &mut r.layers[layer]);
-        Ok(GdnLayerIo { layer: &mut s.rec[layer], record, split, layout, mode })
+        Ok(GdnLayerIo {
+            layer: &mut s.rec[layer],
+            record,
+            split,
+            layout,
+            mode,
+        })
     }
 
     /// Completes the batch in progress for `seq`.
     pub fn end_batch(&mut self, seq: SeqId) -> Result<(), MemoryError> {
-        let s = self.seqs.get_mut(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         let n = s.in_batch.take().ok_or(MemoryError::UnknownSequence(seq))?;
         s.n_past += n;
         Ok(())
@@ -181,7 +227,10 @@ impl Memory {
     pub fn rollback(&mut self, seq: SeqId, n: usize) -> Result<(), MemoryError> {
         let lay = self.layout;
         let mode = self.cfg.rollback;
-        let s = self.seqs.get_mut(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         if s.in_batch.is_some() {
             return Err(MemoryError::BatchInProgress { seq });
         }
@@ -189,15 +238,27 @@ impl Memory {
             return Ok(());
         }
         if n > s.n_past {
-            return Err(MemoryError::RollbackUnavailable { seq, n, available: s.n_past });
+            return Err(MemoryError::RollbackUnavailable {
+                seq,
+                n,
+                available: s.n_past,
+            });
         }
         if lay.is_hybrid() {
             let avail = s.record.as_ref().map_or(0, |r| r.n);
             if n > avail {
-                return Err(MemoryError::RollbackUnavailable { seq, n, available: avail });
+                return Err(MemoryError::RollbackUnavailable {
+                    seq,
+                    n,
+                    available: avail,
+                });
             }
             let Some(rec) = s.record.as_mut() else {
-                return Err(MemoryError::RollbackUnavailable { seq, n, available: 0 });
+                return Err(MemoryError::RollbackUnavailable {
+                    seq,
+                    n,
+                    available: 0,
+                });
             };
             let keep = rec.n - n;
             for (l, r) in s.rec.iter_mut().zip(rec.layers.iter_mut()) {
@@ -244,7 +305,10 @@ impl Memory {
         if !self.layout.is_hybrid() {
             return Ok(None);
         }
-        let s = self.seqs.get(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         if s.in_batch.is_some() {
             return Err(MemoryError::BatchInProgress { seq });
         }
@@ -256,7 +320,11 @@ impl Memory {
                 (c.to_vec(), st.to_vec())
             })
             .collect();
-        let cp = Checkpoint { seq, pos: s.n_past, layers };
+        let cp = Checkpoint {
+            seq,
+            pos: s.n_past,
+            layers,
+        };
         Ok(self.checkpoints.insert(cp, self.cfg.checkpoint_budget))
     }
 
@@ -264,17 +332,31 @@ impl Memory {
     /// the checkpoint removed. Fails without changing anything if the checkpoint is gone or the
     /// KV it relies on was removed.
     pub fn restore(&mut self, seq: SeqId, id: CheckpointId) -> Result<(), MemoryError> {
-        let cp = self.checkpoints.get(id).ok_or(MemoryError::CheckpointNotFound(id))?;
+        let cp = self
+            .checkpoints
+            .get(id)
+            .ok_or(MemoryError::CheckpointNotFound(id))?;
         if cp.seq != seq {
-            return Err(MemoryError::CheckpointOwner { id, owner: cp.seq, seq });
+            return Err(MemoryError::CheckpointOwner {
+                id,
+                owner: cp.seq,
+                seq,
+            });
         }
         let kv_row = self.layout.kv_row;
-        let s = self.seqs.get_mut(&seq).ok_or(MemoryError::UnknownSequence(seq))?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(MemoryError::UnknownSequence(seq))?;
         if s.in_batch.is_some() {
             return Err(MemoryError::BatchInProgress { seq });
         }
         if s.n_past < cp.pos {
-            return Err(MemoryError::CheckpointNeedsKv { seq, pos: cp.pos, have: s.n_past });
+            return Err(MemoryError::CheckpointNeedsKv {
+                seq,
+                pos: cp.pos,
+                have: s.n_past,
+            });
         }
         for (l, (c, st)) in s.rec.iter_mut().zip(&cp.layers) {
             l.set_current(c, st);
@@ -302,7 +384,10 @@ impl Memory {
     /// Current (conv, delta-rule) state of recurrent layer `layer` of `seq` (for inspection and
     /// tests).
     pub fn recurrent_state(&self, seq: SeqId, layer: usize) -> Option<(&[f32], &[f32])> {
-        self.seqs.get(&seq).and_then(|s| s.rec.get(layer)).map(|l| l.current())
+        self.seqs
+            .get(&seq)
+            .and_then(|s| s.rec.get(layer))
+            .map(|l| l.current())
     }
 
     /// What is held right now.

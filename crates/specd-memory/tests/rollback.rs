@@ -14,13 +14,20 @@ fn layout() -> MemoryLayout {
         rec_layers: 2,
         conv_kernel: 4,
         conv_channels: C,
-        gdn: GdnShape { n_k: 2, n_v: NV, d_k: 8, d_v: 8, tiled: true },
+        gdn: GdnShape {
+            n_k: 2,
+            n_v: NV,
+            d_k: 8,
+            d_v: 8,
+            tiled: true,
+        },
     }
 }
 
 /// Deterministic pseudo-random features of a token (stands in for the model's projections).
 fn feat(token: u32, layer: usize, n: usize) -> Vec<f32> {
-    let mut s = (token as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (layer as u64 + 7).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut s = (token as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (layer as u64 + 7).wrapping_mul(0xD1B5_4A32_D192_ED03);
     (0..n)
         .map(|_| {
             s ^= s << 13;
@@ -38,13 +45,25 @@ fn decode(mem: &mut Memory, seq: u32, tokens: &[u32]) -> Result<Vec<f32>, Memory
     let conv_w = feat(999, 0, C * 4);
     let dt = feat(998, 0, NV);
     let a: Vec<f32> = feat(997, 0, NV).iter().map(|v| -v.abs() - 0.1).collect();
-    let gates = GdnGates { dt_bias: &dt, a: &a, eps: 1e-6 };
+    let gates = GdnGates {
+        dt_bias: &dt,
+        a: &a,
+        eps: 1e-6,
+    };
     let mut last = Vec::new();
     for layer in 0..2 {
         let mixed: Vec<f32> = tokens.iter().flat_map(|&t| feat(t, layer, C)).collect();
-        let alpha: Vec<f32> = tokens.iter().flat_map(|&t| feat(t + 1000, layer, NV)).collect();
-        let beta: Vec<f32> = tokens.iter().flat_map(|&t| feat(t + 2000, layer, NV)).collect();
-        last = mem.gdn_layer(seq, layer)?.forward(&conv_w, &mixed, &alpha, &beta, gates);
+        let alpha: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| feat(t + 1000, layer, NV))
+            .collect();
+        let beta: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| feat(t + 2000, layer, NV))
+            .collect();
+        last = mem
+            .gdn_layer(seq, layer)?
+            .forward(&conv_w, &mixed, &alpha, &beta, gates);
     }
     let k: Vec<f32> = tokens.iter().flat_map(|&t| feat(t + 3000, 0, 8)).collect();
     mem.kv_append(seq, 0, &k, &k)?;
@@ -66,7 +85,12 @@ fn snapshot(mem: &Memory, seq: u32) -> Vec<Vec<f32>> {
 fn mem(mode: RollbackMode, window: usize) -> Memory {
     Memory::new(
         layout(),
-        MemoryConfig { rollback: mode, rollback_window: window, n_ctx: 512, ..Default::default() },
+        MemoryConfig {
+            rollback: mode,
+            rollback_window: window,
+            n_ctx: 512,
+            ..Default::default()
+        },
     )
 }
 
@@ -126,7 +150,17 @@ fn rollback_beyond_the_record_fails_and_changes_nothing() {
     decode(&mut a, 0, &[4, 5]).unwrap();
     let before = snapshot(&a, 0);
     let err = a.rollback(0, 3).unwrap_err();
-    assert!(matches!(err, MemoryError::RollbackUnavailable { n: 3, available: 2, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            MemoryError::RollbackUnavailable {
+                n: 3,
+                available: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(snapshot(&a, 0), before);
     assert_eq!(a.n_past(0), 5);
     // Mode None: no fast rollback at all.
@@ -196,9 +230,21 @@ fn memory_returns_to_what_accepted_tokens_need() {
 
 #[test]
 fn context_and_position_errors() {
-    let mut a = Memory::new(layout(), MemoryConfig { n_ctx: 4, ..Default::default() });
+    let mut a = Memory::new(
+        layout(),
+        MemoryConfig {
+            n_ctx: 4,
+            ..Default::default()
+        },
+    );
     decode(&mut a, 0, &[1, 2, 3]).unwrap();
-    assert!(matches!(decode(&mut a, 0, &[1, 2]), Err(MemoryError::ContextFull { .. })));
-    assert!(matches!(a.begin_batch(0, 1, 1), Err(MemoryError::BadPosition { .. })));
+    assert!(matches!(
+        decode(&mut a, 0, &[1, 2]),
+        Err(MemoryError::ContextFull { .. })
+    ));
+    assert!(matches!(
+        a.begin_batch(0, 1, 1),
+        Err(MemoryError::BadPosition { .. })
+    ));
     assert_eq!(a.n_past(0), 3);
 }

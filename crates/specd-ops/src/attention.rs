@@ -27,7 +27,11 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let AttnShape { n_head, n_kv, d_head } = shape;
+    let AttnShape {
+        n_head,
+        n_kv,
+        d_head,
+    } = shape;
     let t_len = positions.len();
     let group = n_head / n_kv;
     let kv_row = n_kv * d_head;

@@ -61,7 +61,9 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
 ) {
-    let GdnShape { n_k, n_v, d_k, d_v, .. } = shape;
+    let GdnShape {
+        n_k, n_v, d_k, d_v, ..
+    } = shape;
     let t_len = inp.decay.len() / n_v;
     let head_len = d_v * d_k;
     let want_out = !out.is_empty();
@@ -196,12 +198,16 @@ pub fn prepare_inputs(
             for v in qh.iter_mut() {
                 *v *= q_scale;
             }
-            l2_norm_inplace(&mut r.k[q0 + h * shape.d_k..q0 + (h + 1) * shape.d_k], gates.eps);
+            l2_norm_inplace(
+                &mut r.k[q0 + h * shape.d_k..q0 + (h + 1) * shape.d_k],
+                gates.eps,
+            );
         }
         for j in 0..shape.n_v {
             let i = t * shape.n_v + j;
             r.beta.push(sigmoid(beta_logits[i]));
-            r.decay.push((gates.a[j] * softplus(alpha[i] + gates.dt_bias[j])).exp());
+            r.decay
+                .push((gates.a[j] * softplus(alpha[i] + gates.dt_bias[j])).exp());
         }
     }
     r

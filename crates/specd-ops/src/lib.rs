@@ -21,8 +21,8 @@ pub mod matmul;
 pub mod norm;
 pub mod parallel;
 pub mod quant;
-pub mod vec;
 pub mod rope;
+pub mod vec;
 pub mod weight;
 
 pub use matmul::matmul;

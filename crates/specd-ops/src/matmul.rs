@@ -22,12 +22,7 @@ pub fn matmul(x: &[f32], n: usize, w: &Weight, out: &mut [f32]) -> Result<(), Op
     if x.len() != n * w.cols || out.len() != n * w.rows {
         return Err(OpsError::Shape {
             op: "matmul",
-            detail: format!(
-                "x {} (n={n}), weight {:?}, out {}",
-                x.len(),
-                w,
-                out.len()
-            ),
+            detail: format!("x {} (n={n}), weight {:?}, out {}", x.len(), w, out.len()),
         });
     }
     if n == 0 {
@@ -40,11 +35,15 @@ pub fn matmul(x: &[f32], n: usize, w: &Weight, out: &mut [f32]) -> Result<(), Op
             for (row, q) in x.chunks_exact(w.cols).zip(xq.chunks_exact_mut(nb)) {
                 quantize_row_q8(row, q);
             }
-            run(w, n, out, |wrow, rows, res| kernel_q(w.wtype, wrow, nb, &xq, rows, res));
+            run(w, n, out, |wrow, rows, res| {
+                kernel_q(w.wtype, wrow, nb, &xq, rows, res)
+            });
         }
         WeightType::F32 | WeightType::F16 | WeightType::BF16 => {
             let cols = w.cols;
-            run(w, n, out, |wrow, rows, res| kernel_float(w.wtype, wrow, cols, x, rows, res));
+            run(w, n, out, |wrow, rows, res| {
+                kernel_float(w.wtype, wrow, cols, x, rows, res)
+            });
         }
     }
     Ok(())
@@ -89,7 +88,14 @@ where
     });
 }
 
-fn kernel_q(wt: WeightType, wrow: &[u8], nb: usize, xq: &[BlockQ8], rows: &[usize], res: &mut [f32]) {
+fn kernel_q(
+    wt: WeightType,
+    wrow: &[u8],
+    nb: usize,
+    xq: &[BlockQ8],
+    rows: &[usize],
+    res: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2() {
         // SAFETY: AVX2/FMA/F16C verified at run time; `wrow` holds `nb` blocks and each row index
@@ -123,7 +129,14 @@ fn kernel_q(wt: WeightType, wrow: &[u8], nb: usize, xq: &[BlockQ8], rows: &[usiz
     }
 }
 
-fn kernel_float(wt: WeightType, wrow: &[u8], cols: usize, x: &[f32], rows: &[usize], res: &mut [f32]) {
+fn kernel_float(
+    wt: WeightType,
+    wrow: &[u8],
+    cols: usize,
+    x: &[f32],
+    rows: &[usize],
+    res: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2() {
         // SAFETY: AVX2/FMA/F16C verified; `wrow` holds `cols` weights, each row `cols` floats.
@@ -319,7 +332,9 @@ mod avx2 {
             match wt {
                 WeightType::F32 => std::ptr::read_unaligned((w as *const f32).add(i)),
                 WeightType::F16 => f16_at(w.add(i * 2)),
-                _ => f32::from_bits((std::ptr::read_unaligned(w.add(i * 2) as *const u16) as u32) << 16),
+                _ => f32::from_bits(
+                    (std::ptr::read_unaligned(w.add(i * 2) as *const u16) as u32) << 16,
+                ),
             }
         }
     }

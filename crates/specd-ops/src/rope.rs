@@ -43,7 +43,12 @@ impl Rope {
                 _ => true,
             })
             .collect();
-        Rope { n_rot, neox: !matches!(mode, RopeMode::Norm), inv_freq, rotates }
+        Rope {
+            n_rot,
+            neox: !matches!(mode, RopeMode::Norm),
+            inv_freq,
+            rotates,
+        }
     }
 
     /// Rotates the first `n_rot` dims of one head vector for position `pos`.
@@ -55,7 +60,11 @@ impl Rope {
             }
             let theta = pos as f32 * self.inv_freq[m];
             let (s, c) = theta.sin_cos();
-            let (i, j) = if self.neox { (m, m + half) } else { (2 * m, 2 * m + 1) };
+            let (i, j) = if self.neox {
+                (m, m + half)
+            } else {
+                (2 * m, 2 * m + 1)
+            };
             let (x0, x1) = (head[i], head[j]);
             head[i] = x0 * c - x1 * s;
             head[j] = x0 * s + x1 * c;

@@ -54,7 +54,11 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+            acc[0] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i)),
+                _mm256_loadu_ps(pb.add(i)),
+                acc[0],
+            );
             i += 8;
         }
         let mut s = hsum(_mm256_add_ps(

@@ -75,7 +75,13 @@ pub struct Weight {
 
 impl std::fmt::Debug for Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Weight({} {}x{})", self.wtype.name(), self.rows, self.cols)
+        write!(
+            f,
+            "Weight({} {}x{})",
+            self.wtype.name(),
+            self.rows,
+            self.cols
+        )
     }
 }
 
@@ -93,7 +99,10 @@ impl Weight {
         if cols % wtype.block_elems() != 0 {
             return Err(OpsError::Shape {
                 op: "weight",
-                detail: format!("{cols} columns is not a multiple of the {} block", wtype.name()),
+                detail: format!(
+                    "{cols} columns is not a multiple of the {} block",
+                    wtype.name()
+                ),
             });
         }
         let want = wtype.row_bytes(cols) * rows;
@@ -101,10 +110,20 @@ impl Weight {
         if len != want || offset.checked_add(len).is_none_or(|e| e > have) {
             return Err(OpsError::Shape {
                 op: "weight",
-                detail: format!("{rows}x{cols} {} needs {want} bytes, got {len}", wtype.name()),
+                detail: format!(
+                    "{rows}x{cols} {} needs {want} bytes, got {len}",
+                    wtype.name()
+                ),
             });
         }
-        Ok(Weight { wtype, rows, cols, src, offset, len })
+        Ok(Weight {
+            wtype,
+            rows,
+            cols,
+            src,
+            offset,
+            len,
+        })
     }
 
     /// An owned F32 matrix (used for dequantised weights and in tests).

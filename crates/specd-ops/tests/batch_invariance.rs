@@ -6,9 +6,13 @@ use specd_ops::delta_net::{gated_delta_rule, GdnInputs, GdnShape};
 use specd_ops::{matmul, Weight, WeightType};
 
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
@@ -54,15 +58,27 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
     let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
     let bytes = match wt {
         WeightType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        WeightType::F16 => data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-        WeightType::BF16 => data.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        WeightType::F16 => data
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        WeightType::BF16 => data
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         WeightType::Q8_0 => quantize_q8_0(&data),
         WeightType::Q4_0 => quantize_q4_0(&data),
     };
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }
 
-const TYPES: [WeightType; 5] = [WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_0];
+const TYPES: [WeightType; 5] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
@@ -102,7 +118,10 @@ fn matmul_matches_dequantised_reference() {
                     WeightType::Q8_0 | WeightType::Q4_0 => 0.05 * (1.0 + exact.abs()),
                     _ => 1e-4 * (1.0 + exact.abs()),
                 };
-                assert!((got - exact).abs() < tol, "{wt:?} row {i} out {o}: {got} vs {exact}");
+                assert!(
+                    (got - exact).abs() < tol,
+                    "{wt:?} row {i} out {o}: {got} vs {exact}"
+                );
             }
         }
     }
@@ -117,7 +136,11 @@ fn matmul_rejects_bad_shapes() {
 
 #[test]
 fn attention_row_is_independent_of_other_rows() {
-    let shape = AttnShape { n_head: 4, n_kv: 2, d_head: 16 };
+    let shape = AttnShape {
+        n_head: 4,
+        n_kv: 2,
+        d_head: 16,
+    };
     let n_pos = 9;
     let mut r = lcg(5);
     let kc: Vec<f32> = (0..n_pos * 2 * 16).map(|_| r()).collect();
@@ -128,14 +151,28 @@ fn attention_row_is_independent_of_other_rows() {
     attention(&q, &positions, &kc, &vc, shape, 0.25, &mut all);
     for t in 0..4 {
         let mut one = vec![0f32; 64];
-        attention(&q[t * 64..(t + 1) * 64], &positions[t..t + 1], &kc, &vc, shape, 0.25, &mut one);
+        attention(
+            &q[t * 64..(t + 1) * 64],
+            &positions[t..t + 1],
+            &kc,
+            &vc,
+            shape,
+            0.25,
+            &mut one,
+        );
         assert_eq!(&all[t * 64..(t + 1) * 64], &one[..]);
     }
 }
 
 #[test]
 fn delta_rule_batch_equals_token_by_token() {
-    let shape = GdnShape { n_k: 2, n_v: 4, d_k: 16, d_v: 16, tiled: true };
+    let shape = GdnShape {
+        n_k: 2,
+        n_v: 4,
+        d_k: 16,
+        d_v: 16,
+        tiled: true,
+    };
     let t_len = 6;
     let mut r = lcg(9);
     let mut gen = |n: usize| -> Vec<f32> { (0..n).map(|_| r()).collect() };
@@ -148,8 +185,21 @@ fn delta_rule_batch_equals_token_by_token() {
     let mut s_batch = vec![0f32; shape.state_len()];
     let mut o_batch = vec![0f32; t_len * 64];
     let mut snaps = vec![0f32; t_len * shape.state_len()];
-    let inp = GdnInputs { q: &q, k: &k, v: &v, decay: &decay, beta: &beta };
-    gated_delta_rule(shape, &s0, &mut s_batch, inp, &mut o_batch, Some((&mut snaps, 0)));
+    let inp = GdnInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        decay: &decay,
+        beta: &beta,
+    };
+    gated_delta_rule(
+        shape,
+        &s0,
+        &mut s_batch,
+        inp,
+        &mut o_batch,
+        Some((&mut snaps, 0)),
+    );
     let mut s = s0.clone();
     for t in 0..t_len {
         let inp = GdnInputs {
@@ -163,7 +213,11 @@ fn delta_rule_batch_equals_token_by_token() {
         let mut o = vec![0f32; 64];
         gated_delta_rule(shape, &s, &mut next, inp, &mut o, None);
         assert_eq!(&o[..], &o_batch[t * 64..(t + 1) * 64], "token {t}");
-        assert_eq!(&next[..], &snaps[t * s.len()..(t + 1) * s.len()], "snapshot {t}");
+        assert_eq!(
+            &next[..],
+            &snaps[t * s.len()..(t + 1) * s.len()],
+            "snapshot {t}"
+        );
         s = next;
     }
     assert_eq!(s, s_batch);

@@ -23,7 +23,11 @@ impl RecLayer {
     pub fn new(layout: &MemoryLayout) -> Self {
         let c = (layout.conv_kernel - 1) * layout.conv_channels;
         let s = layout.gdn.state_len();
-        RecLayer { conv: [vec![0.0; c], vec![0.0; c]], ssm: [vec![0.0; s], vec![0.0; s]], cur: 0 }
+        RecLayer {
+            conv: [vec![0.0; c], vec![0.0; c]],
+            ssm: [vec![0.0; s], vec![0.0; s]],
+            cur: 0,
+        }
     }
     /// Current conv and delta-rule state.
     pub fn current(&self) -> (&[f32], &[f32]) {
@@ -89,7 +93,14 @@ impl GdnLayerIo<'_> {
         let inputs = prepare_inputs(shape, &conv_out, alpha, beta_logits, gates);
         let mut out = vec![0f32; t_len * shape.n_v * shape.d_v];
         let Some(rec) = self.record else {
-            gated_delta_rule(shape, pre_ssm, post_ssm, inputs.range(shape, 0, t_len), &mut out, None);
+            gated_delta_rule(
+                shape,
+                pre_ssm,
+                post_ssm,
+                inputs.range(shape, 0, t_len),
+                &mut out,
+                None,
+            );
             return out;
         };
         let s = self.split;
@@ -98,19 +109,47 @@ impl GdnLayerIo<'_> {
         // copy of the state after the first `s` tokens.
         let base = if s > 0 {
             let (o1, o2) = out.split_at_mut(s * out_v);
-            gated_delta_rule(shape, pre_ssm, post_ssm, inputs.range(shape, 0, s), o1, None);
+            gated_delta_rule(
+                shape,
+                pre_ssm,
+                post_ssm,
+                inputs.range(shape, 0, s),
+                o1,
+                None,
+            );
             let mut bconv = vec![0f32; hist * c];
             window(pre_conv, mixed, hist, c, s, &mut bconv);
             let bssm = post_ssm.to_vec();
             let snaps = rec.snapshot_target(self.mode, t_len - s, &lay);
-            gated_delta_rule(shape, &bssm, post_ssm, inputs.range(shape, s, t_len), o2, snaps);
+            gated_delta_rule(
+                shape,
+                &bssm,
+                post_ssm,
+                inputs.range(shape, s, t_len),
+                o2,
+                snaps,
+            );
             Some((bconv, bssm))
         } else {
             let snaps = rec.snapshot_target(self.mode, t_len, &lay);
-            gated_delta_rule(shape, pre_ssm, post_ssm, inputs.range(shape, 0, t_len), &mut out, snaps);
+            gated_delta_rule(
+                shape,
+                pre_ssm,
+                post_ssm,
+                inputs.range(shape, 0, t_len),
+                &mut out,
+                snaps,
+            );
             None
         };
-        rec.finish(self.mode, &lay, base, pre_conv, &mixed[s * c..], inputs.range_owned(shape, s, t_len));
+        rec.finish(
+            self.mode,
+            &lay,
+            base,
+            pre_conv,
+            &mixed[s * c..],
+            inputs.range_owned(shape, s, t_len),
+        );
         out
     }
 }

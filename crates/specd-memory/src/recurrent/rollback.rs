@@ -98,7 +98,14 @@ impl LayerRecord {
                 let start = base.as_ref().map_or(pre_conv, |b| &b.0);
                 self.conv_snaps.resize(n * hist * c, 0.0);
                 for t in 0..n {
-                    window(start, mixed, hist, c, t + 1, &mut self.conv_snaps[t * hist * c..][..hist * c]);
+                    window(
+                        start,
+                        mixed,
+                        hist,
+                        c,
+                        t + 1,
+                        &mut self.conv_snaps[t * hist * c..][..hist * c],
+                    );
                 }
             }
             RollbackMode::None => {}
@@ -108,13 +115,24 @@ impl LayerRecord {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        let b = self.base.as_ref().map_or(0, |(c, s)| (c.len() + s.len()) * 4);
-        b + self.mixed.len() * 4 + self.inputs.bytes() + (self.conv_snaps.len() + self.ssm_snaps.len()) * 4
+        let b = self
+            .base
+            .as_ref()
+            .map_or(0, |(c, s)| (c.len() + s.len()) * 4);
+        b + self.mixed.len() * 4
+            + self.inputs.bytes()
+            + (self.conv_snaps.len() + self.ssm_snaps.len()) * 4
     }
 
     /// Rolls `layer` back so that only the first `keep` window tokens count (`keep` < tokens in
     /// the window), and truncates this record to them.
-    pub(crate) fn rollback(&mut self, layer: &mut RecLayer, keep: usize, mode: RollbackMode, lay: &MemoryLayout) {
+    pub(crate) fn rollback(
+        &mut self,
+        layer: &mut RecLayer,
+        keep: usize,
+        mode: RollbackMode,
+        lay: &MemoryLayout,
+    ) {
         let (hist, c) = (lay.conv_kernel - 1, lay.conv_channels);
         let shape = lay.gdn;
         if keep == 0 {
@@ -135,7 +153,14 @@ impl LayerRecord {
             };
             match mode {
                 RollbackMode::Replay => {
-                    gated_delta_rule(shape, bssm, post_ssm, self.inputs.range(shape, 0, keep), &mut [], None);
+                    gated_delta_rule(
+                        shape,
+                        bssm,
+                        post_ssm,
+                        self.inputs.range(shape, 0, keep),
+                        &mut [],
+                        None,
+                    );
                     window(bconv, &self.mixed, hist, c, keep, post_conv);
                     self.mixed.truncate(keep * c);
                     self.inputs.truncate(shape, keep);
@@ -143,7 +168,8 @@ impl LayerRecord {
                 RollbackMode::Snapshot => {
                     let sl = shape.state_len();
                     post_ssm.copy_from_slice(&self.ssm_snaps[(keep - 1) * sl..keep * sl]);
-                    post_conv.copy_from_slice(&self.conv_snaps[(keep - 1) * hist * c..keep * hist * c]);
+                    post_conv
+                        .copy_from_slice(&self.conv_snaps[(keep - 1) * hist * c..keep * hist * c]);
                     self.ssm_snaps.truncate(keep * sl);
                     self.conv_snaps.truncate(keep * hist * c);
                 }

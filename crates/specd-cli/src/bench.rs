@@ -1,0 +1,515 @@
+//! `specd bench`: speed of the engine (llama-bench style pp/tg) and of speculative decoding
+//! (plain vs each drafter vs each rollback mode over ../shared/workloads, and a synthetic
+//! acceptance sweep). Prints ratios; `--json` for machines.
+
+use crate::generate::{ModelArgs, SamplingArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use specd_memory::MemoryConfig;
+use specd_models::{Batch, Model};
+use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, SpecStats};
+use specd_tokenizer::{ChatMessage, ChatTemplate};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// What to measure: "speed" (prompt processing and generation, like llama-bench),
+    /// "spec" (drafters × rollback modes over the workloads), "synth" (synthetic acceptance
+    /// sweep), or "all".
+    #[arg(long, default_value = "all")]
+    pub mode: String,
+    /// Prompt length for the pp test.
+    #[arg(long = "n-prompt", default_value_t = 128)]
+    pub n_prompt: usize,
+    /// Tokens generated per test.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of the speed tests (the median is reported).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub reps: usize,
+    /// Workload folder (single-turn.jsonl, multi-turn-sorting.json).
+    #[arg(long, default_value = "../shared/workloads")]
+    pub workloads: PathBuf,
+    /// Drafters to compare in "spec" mode (comma list).
+    #[arg(
+        long = "spec-type",
+        default_value = "ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache"
+    )]
+    pub spec_type: String,
+    /// Draft model for draft-simple.
+    #[arg(long = "model-draft", alias = "md")]
+    pub model_draft: Option<PathBuf>,
+    /// Rollback modes to compare.
+    #[arg(long = "spec-rollback", default_value = "fast,snapshot,checkpoint")]
+    pub rollback: String,
+    #[arg(long = "spec-draft-n-max", default_value_t = 8)]
+    pub n_max: usize,
+    /// Synthetic sweep: per-token (conditional) acceptance rates; position i is accepted with
+    /// probability rate^(i+1).
+    #[arg(long = "synth-rates", default_value = "0,0.25,0.5,0.75,0.9,1")]
+    pub synth_rates: String,
+    /// Synthetic sweep draft lengths.
+    #[arg(long = "synth-lens", default_value = "4,8,16")]
+    pub synth_lens: String,
+    /// Always draft n-max (disable the never-slower controller).
+    #[arg(long = "spec-fixed")]
+    pub fixed: bool,
+    /// At most this many single-turn prompts.
+    #[arg(long = "max-prompts", default_value_t = 12)]
+    pub max_prompts: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Default)]
+struct Report {
+    model: String,
+    threads: usize,
+    speed: Option<SpeedResult>,
+    spec: Vec<SpecRow>,
+    synth: Vec<SpecRow>,
+}
+
+#[derive(Serialize)]
+struct SpeedResult {
+    pp_tokens: usize,
+    pp_tok_s: f64,
+    tg_tokens: usize,
+    tg_tok_s: f64,
+    /// Seconds of one decode call by verification width (1, 2, 4, 8, 16 rows).
+    verify_ms_by_width: Vec<(usize, f64)>,
+}
+
+#[derive(Serialize, Clone)]
+struct SpecRow {
+    workload: String,
+    drafter: String,
+    rollback: String,
+    n_max: usize,
+    rate: Option<f32>,
+    tokens: usize,
+    secs: f64,
+    tok_s: f64,
+    speedup: f64,
+    acceptance_length: f64,
+    acceptance_rate: f64,
+    accepted_per_position: Vec<f64>,
+    stats: SpecStats,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn bar(n: usize, msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(n as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// llama-bench style: pp = one batch of n_prompt tokens; tg = n_gen single-token decodes.
+fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
+    let n_vocab = model.config().n_vocab as u32;
+    let cfg = MemoryConfig {
+        n_ctx: a.n_prompt + a.n_gen + 64,
+        max_seqs: 1,
+        ..Default::default()
+    };
+    let toks: Vec<u32> = (0..a.n_prompt as u32)
+        .map(|i| (i * 7919 + 13) % n_vocab)
+        .collect();
+    let pb = bar(a.reps * 2 + 5, "speed");
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..a.reps {
+        let mut mem = model.new_memory(cfg.clone());
+        let t0 = Instant::now();
+        model.decode(&mut mem, &Batch::from_tokens(&toks, 0, 0, false))?;
+        pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+        pb.inc(1);
+        let mut mem = model.new_memory(cfg.clone());
+        model.decode(&mut mem, &Batch::from_tokens(&toks[..1], 0, 0, true))?;
+        let t0 = Instant::now();
+        for i in 1..=a.n_gen {
+            let t = (i as u32 * 104_729) % n_vocab;
+            model.decode(&mut mem, &Batch::from_tokens(&[t], i as u32, 0, true))?;
+        }
+        tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+        pb.inc(1);
+    }
+    let mut widths = Vec::new();
+    for w in [1usize, 2, 4, 8, 16] {
+        let mut mem = model.new_memory(cfg.clone());
+        model.decode(&mut mem, &Batch::from_tokens(&toks[..32], 0, 0, false))?;
+        let mut times = Vec::new();
+        for rep in 0..5 {
+            let pos = 32 + rep * w;
+            let t0 = Instant::now();
+            model.decode(
+                &mut mem,
+                &Batch::from_tokens(&toks[..w], pos as u32, 0, true),
+            )?;
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        widths.push((w, median(times)));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(SpeedResult {
+        pp_tokens: a.n_prompt,
+        pp_tok_s: median(pp),
+        tg_tokens: a.n_gen,
+        tg_tok_s: median(tg),
+        verify_ms_by_width: widths,
+    })
+}
+
+/// The benchmark prompts: single-turn messages, and the multi-turn conversation as one chain.
+struct Workload {
+    id: String,
+    /// Turns of user messages (single-turn workloads have one).
+    turns: Vec<String>,
+}
+
+fn load_workloads(dir: &PathBuf, max: usize) -> Result<Vec<Workload>> {
+    let mut out = Vec::new();
+    let st = std::fs::read_to_string(dir.join("single-turn.jsonl"))
+        .with_context(|| format!("reading {}", dir.join("single-turn.jsonl").display()))?;
+    for line in st.lines().filter(|l| !l.trim().is_empty()).take(max) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let id = v["id"].as_str().unwrap_or("?").to_string();
+        let msg = v["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        out.push(Workload {
+            id,
+            turns: vec![msg],
+        });
+    }
+    if let Ok(mt) = std::fs::read_to_string(dir.join("multi-turn-sorting.json")) {
+        let v: serde_json::Value = serde_json::from_str(&mt)?;
+        let turns = v["turns"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Workload {
+            id: v["id"].as_str().unwrap_or("multi_turn").into(),
+            turns,
+        });
+    }
+    Ok(out)
+}
+
+struct RunResult {
+    tokens: usize,
+    secs: f64,
+    stats: SpecStats,
+}
+
+/// Runs a workload (all turns; each turn carries the whole history) with `spec`.
+fn run_workload(
+    model: &Arc<Model>,
+    w: &Workload,
+    a: &BenchArgs,
+    spec: &SpecParams,
+    rollback: RollbackKind,
+    draft: Option<Arc<Model>>,
+    references: &mut Vec<Vec<u32>>,
+) -> Result<RunResult> {
+    let tmpl = model
+        .tokenizer()
+        .chat_template()
+        .map(ChatTemplate::new)
+        .transpose()?;
+    let mut msgs: Vec<ChatMessage> = Vec::new();
+    let mut res = RunResult {
+        tokens: 0,
+        secs: 0.0,
+        stats: SpecStats::default(),
+    };
+    let cfg = MemoryConfig {
+        n_ctx: 8192,
+        max_seqs: 1,
+        ..Default::default()
+    };
+    for (ti, turn) in w.turns.iter().enumerate() {
+        msgs.push(ChatMessage::new("user", turn));
+        let prompt_text = match &tmpl {
+            Some(t) => t.render(&msgs, true, &Default::default())?,
+            None => msgs
+                .iter()
+                .map(|m| m.content_text())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        let prompt = model.tokenizer().encode(&prompt_text, true, true)?;
+        let mut req = SequenceRequest::greedy(prompt.clone(), a.n_gen);
+        req.sampler = a.sampling.params();
+        req.ignore_eos = true;
+        req.spec = spec.clone();
+        req.draft_model = draft.clone();
+        if spec.drafters.contains(&DrafterKind::Synthetic) {
+            req.reference = references.get(ti).cloned().map(Arc::new);
+        }
+        let mut engine = Engine::new(model.clone(), cfg.clone(), rollback);
+        let t0 = Instant::now();
+        let out = engine.generate(0, req)?;
+        res.secs += t0.elapsed().as_secs_f64() - out.prompt_secs;
+        res.tokens += out.tokens.len();
+        res.stats.merge(&out.stats);
+        if !spec.enabled() && references.len() == ti {
+            let mut r = prompt.clone();
+            r.extend_from_slice(&out.tokens);
+            references.push(r);
+        }
+        msgs.push(ChatMessage::new("assistant", &out.text));
+    }
+    Ok(res)
+}
+
+fn row(
+    w: &str,
+    drafter: &str,
+    rb: RollbackKind,
+    n_max: usize,
+    rate: Option<f32>,
+    r: &RunResult,
+    plain_tok_s: f64,
+) -> SpecRow {
+    let tok_s = r.tokens as f64 / r.secs.max(1e-9);
+    let st = &r.stats;
+    SpecRow {
+        workload: w.into(),
+        drafter: drafter.into(),
+        rollback: rb.name().into(),
+        n_max,
+        rate,
+        tokens: r.tokens,
+        secs: r.secs,
+        tok_s,
+        speedup: tok_s / plain_tok_s.max(1e-9),
+        acceptance_length: st.acceptance_length(),
+        acceptance_rate: st.acceptance_rate(),
+        accepted_per_position: st
+            .accepted_per_position
+            .iter()
+            .zip(&st.drafted_per_position)
+            .map(|(&acc, &d)| if d == 0 { 0.0 } else { acc as f64 / d as f64 })
+            .collect(),
+        stats: st.clone(),
+    }
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let model = a.model.load()?;
+    let mut rep = Report {
+        model: a
+            .model
+            .model
+            .as_ref()
+            .map_or("demo".into(), |p| p.display().to_string()),
+        threads: model.n_threads(),
+        ..Default::default()
+    };
+    let modes: Vec<&str> = if a.mode == "all" {
+        vec!["speed", "spec", "synth"]
+    } else {
+        a.mode.split(',').collect()
+    };
+    let draft = match &a.model_draft {
+        Some(p) => Some(Arc::new(Model::load(
+            p,
+            specd_models::ModelOptions {
+                n_threads: a.model.threads,
+                n_ubatch: a.model.batch_size,
+            },
+        )?)),
+        None => None,
+    };
+    let rollbacks: Vec<RollbackKind> = a
+        .rollback
+        .split(',')
+        .map(|r| RollbackKind::parse(r.trim()).with_context(|| format!("unknown rollback '{r}'")))
+        .collect::<Result<_>>()?;
+    for m in &modes {
+        match *m {
+            "speed" => rep.speed = Some(speed(&model, &a)?),
+            "spec" | "synth" => {}
+            other => bail!("unknown bench mode '{other}' (speed, spec, synth, all)"),
+        }
+    }
+    let need_workloads = modes.iter().any(|m| *m == "spec" || *m == "synth");
+    if need_workloads {
+        let workloads = load_workloads(&a.workloads, a.max_prompts)?;
+        let drafters = DrafterKind::parse_list(&a.spec_type).map_err(anyhow::Error::msg)?;
+        let base = SpecParams {
+            n_max: a.n_max,
+            adaptive: !a.fixed,
+            ..SpecParams::default()
+        };
+        let mut configs: Vec<(String, SpecParams, RollbackKind, Option<f32>)> = Vec::new();
+        if modes.contains(&"spec") {
+            for d in &drafters {
+                for rb in &rollbacks {
+                    configs.push((
+                        d.name().into(),
+                        SpecParams {
+                            drafters: vec![*d],
+                            ..base.clone()
+                        },
+                        *rb,
+                        None,
+                    ));
+                }
+            }
+        }
+        if modes.contains(&"synth") {
+            let rates: Vec<f32> = a
+                .synth_rates
+                .split(',')
+                .map(|x| x.trim().parse())
+                .collect::<Result<_, _>>()?;
+            let lens: Vec<usize> = a
+                .synth_lens
+                .split(',')
+                .map(|x| x.trim().parse())
+                .collect::<Result<_, _>>()?;
+            for &len in &lens {
+                for &rate in &rates {
+                    for rb in &rollbacks {
+                        let p = SpecParams {
+                            drafters: vec![DrafterKind::Synthetic],
+                            n_max: len,
+                            synth_rates: specd_spec::drafter::synthetic::rates_for_per_token(
+                                rate, len,
+                            ),
+                            ..base.clone()
+                        };
+                        configs.push((format!("synthetic@{len}"), p, *rb, Some(rate)));
+                    }
+                }
+            }
+        }
+        // Synthetic runs use only the first workload (the sweep is about the machinery).
+        let synth_w = &workloads[..1.min(workloads.len())];
+        let pb = bar(
+            workloads.len() * (1 + configs.iter().filter(|c| c.3.is_none()).count())
+                + synth_w.len() * configs.iter().filter(|c| c.3.is_some()).count(),
+            "spec",
+        );
+        for w in &workloads {
+            let mut refs = Vec::new();
+            let plain = run_workload(
+                &model,
+                w,
+                &a,
+                &SpecParams::default(),
+                RollbackKind::Fast,
+                None,
+                &mut refs,
+            )?;
+            pb.inc(1);
+            let plain_tok_s = plain.tokens as f64 / plain.secs.max(1e-9);
+            let is_synth_w = synth_w.iter().any(|x| x.id == w.id);
+            let plain_row = row(
+                &w.id,
+                "plain",
+                RollbackKind::Fast,
+                0,
+                None,
+                &plain,
+                plain_tok_s,
+            );
+            if modes.contains(&"spec") {
+                rep.spec.push(plain_row.clone());
+            }
+            if modes.contains(&"synth") && is_synth_w {
+                rep.synth.push(plain_row);
+            }
+            for (name, p, rb, rate) in &configs {
+                if rate.is_some() && !is_synth_w {
+                    continue;
+                }
+                let r = run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?;
+                pb.inc(1);
+                let rr = row(&w.id, name, *rb, p.n_max, *rate, &r, plain_tok_s);
+                if rate.is_some() {
+                    rep.synth.push(rr);
+                } else {
+                    rep.spec.push(rr);
+                }
+            }
+        }
+        pb.finish_and_clear();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+        return Ok(());
+    }
+    println!("model: {}  threads: {}", rep.model, rep.threads);
+    if let Some(s) = &rep.speed {
+        println!("\n| test | tok/s |\n|---|---|");
+        println!("| pp{} | {:.1} |", s.pp_tokens, s.pp_tok_s);
+        println!("| tg{} | {:.1} |", s.tg_tokens, s.tg_tok_s);
+        println!("\nverification batch cost (ms) by width:");
+        let base = s.verify_ms_by_width.first().map_or(1.0, |x| x.1);
+        for (w, ms) in &s.verify_ms_by_width {
+            println!("  {w:>2} rows: {ms:8.2} ms  ({:.2}x one row)", ms / base);
+        }
+    }
+    for (title, rows) in [
+        ("speculative decoding over workloads", &rep.spec),
+        ("synthetic acceptance sweep", &rep.synth),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        println!("\n{title}:\n| workload | drafter | rollback | rate | tok/s | speedup | acc. len | acc. rate | accepted per position |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for r in rows.iter() {
+            let app: Vec<String> = r
+                .accepted_per_position
+                .iter()
+                .take(8)
+                .map(|x| format!("{x:.2}"))
+                .collect();
+            println!(
+                "| {} | {} | {} | {} | {:.1} | {:.2}x | {:.2} | {:.2} | {} |",
+                r.workload,
+                r.drafter,
+                if r.drafter == "plain" {
+                    "-"
+                } else {
+                    &r.rollback
+                },
+                r.rate.map_or("-".into(), |x| format!("{x}")),
+                r.tok_s,
+                r.speedup,
+                r.acceptance_length,
+                r.acceptance_rate,
+                app.join(" ")
+            );
+        }
+    }
+    Ok(())
+}

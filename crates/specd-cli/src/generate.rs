@@ -1,0 +1,318 @@
+//! `specd generate`: one prompt, one continuation, optionally speculative.
+
+use crate::demo::demo_model_path;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use specd_memory::MemoryConfig;
+use specd_models::{Model, ModelOptions};
+use specd_sampling::SamplerParams;
+use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams};
+use specd_tokenizer::ChatMessage;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Options shared by commands that load a model.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: the built-in demo model, generated on first use).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Rows per forward pass (prompt processing chunk).
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        alias = "ubatch-size",
+        default_value_t = 512
+    )]
+    pub batch_size: usize,
+}
+
+impl ModelArgs {
+    /// Loads the model (or the demo model).
+    pub fn load(&self) -> Result<Arc<Model>> {
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => demo_model_path()?,
+        };
+        let opts = ModelOptions {
+            n_threads: self.threads,
+            n_ubatch: self.batch_size,
+        };
+        let m = Model::load(&path, opts).with_context(|| format!("loading {}", path.display()))?;
+        Ok(Arc::new(m))
+    }
+}
+
+/// Sampling flags (llama.cpp names).
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: i32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: i32,
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// RNG seed (default: random).
+    #[arg(short = 's', long = "seed", default_value_t = u32::MAX)]
+    pub seed: u32,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplerParams::default()
+        }
+    }
+}
+
+/// Speculation flags (llama.cpp names).
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    /// Drafters, comma separated: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
+    /// ngram-cache, draft-simple, draft-mtp, synthetic. Empty: no speculation.
+    #[arg(long = "spec-type", default_value = "")]
+    pub spec_type: String,
+    #[arg(long = "spec-draft-n-max", alias = "draft-max", default_value_t = 16)]
+    pub n_max: usize,
+    #[arg(long = "spec-draft-n-min", alias = "draft-min", default_value_t = 0)]
+    pub n_min: usize,
+    #[arg(
+        long = "spec-draft-p-min",
+        alias = "draft-p-min",
+        default_value_t = 0.75
+    )]
+    pub p_min: f32,
+    /// Draft model for draft-simple.
+    #[arg(long = "model-draft", alias = "md")]
+    pub model_draft: Option<PathBuf>,
+    /// How recurrent state is rolled back: fast (replay the recurrence), snapshot, checkpoint.
+    #[arg(long = "spec-rollback", default_value = "fast")]
+    pub rollback: String,
+    /// Synthetic drafter: unconditional per-position acceptance probabilities P0,P1,...
+    #[arg(long = "spec-synth-rates")]
+    pub synth_rates: Option<String>,
+    /// Synthetic drafter: target mean acceptance length, including the target's token.
+    #[arg(long = "spec-synth-len")]
+    pub synth_len: Option<f32>,
+    /// Always draft n-max (no never-slower controller).
+    #[arg(long = "spec-fixed")]
+    pub fixed: bool,
+}
+
+impl SpecArgs {
+    pub fn params(&self) -> Result<SpecParams> {
+        let mut drafters = DrafterKind::parse_list(&self.spec_type).map_err(anyhow::Error::msg)?;
+        if (self.synth_rates.is_some() || self.synth_len.is_some())
+            && !drafters.contains(&DrafterKind::Synthetic)
+        {
+            drafters.insert(0, DrafterKind::Synthetic);
+        }
+        let mut p = SpecParams {
+            drafters,
+            n_max: self.n_max,
+            n_min: self.n_min,
+            p_min: self.p_min,
+            adaptive: !self.fixed,
+            synth_len: self.synth_len,
+            ..SpecParams::default()
+        };
+        if let Some(r) = &self.synth_rates {
+            p.synth_rates = r
+                .split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse::<f32>()
+                        .with_context(|| format!("bad rate '{x}'"))
+                })
+                .collect::<Result<_>>()?;
+        }
+        p.validate().map_err(anyhow::Error::msg)?;
+        Ok(p)
+    }
+    pub fn rollback(&self) -> Result<RollbackKind> {
+        RollbackKind::parse(&self.rollback).with_context(|| {
+            format!(
+                "unknown rollback '{}' (fast, snapshot, checkpoint)",
+                self.rollback
+            )
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    pub prompt: String,
+    /// Prompt as comma-separated token ids (instead of text).
+    #[arg(long = "prompt-tokens")]
+    pub prompt_tokens: Option<String>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Wrap the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Do not stop at end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// Print one JSON object (prompt, token ids, text, timings, statistics) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json: the top N log-probabilities of each generated token.
+    #[arg(long = "n-probs", default_value_t = 0)]
+    pub n_probs: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let model = a.model.load()?;
+    let tok = model.tokenizer();
+    let prompt_text = if a.chat {
+        let tmpl = tok
+            .chat_template()
+            .context("the model has no chat template")?;
+        let t = specd_tokenizer::ChatTemplate::new(tmpl)?;
+        let msgs = vec![ChatMessage::new("user", &a.prompt)];
+        t.render(&msgs, true, &Default::default())?
+    } else {
+        a.prompt.clone()
+    };
+    let prompt: Vec<u32> = match &a.prompt_tokens {
+        Some(s) => s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<u32>()
+                    .with_context(|| format!("bad token id '{x}'"))
+            })
+            .collect::<Result<_>>()?,
+        None => tok.encode(&prompt_text, true, a.chat)?,
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty (give -p TEXT or --prompt-tokens)");
+    }
+    let spec = a.spec.params()?;
+    let mem_cfg = MemoryConfig {
+        n_ctx: a.model.ctx_size,
+        max_seqs: 1,
+        ..Default::default()
+    };
+    let mut req = SequenceRequest {
+        prompt: prompt.clone(),
+        n_predict: a.n_predict,
+        sampler: a.sampling.params(),
+        ignore_eos: a.ignore_eos,
+        stop: Vec::new(),
+        spec: spec.clone(),
+        reference: None,
+        draft_model: None,
+        n_probs: a.n_probs,
+    };
+    if let Some(p) = &a.spec.model_draft {
+        let opts = ModelOptions {
+            n_threads: a.model.threads,
+            n_ubatch: a.model.batch_size,
+        };
+        req.draft_model = Some(Arc::new(
+            Model::load(p, opts).with_context(|| format!("loading {}", p.display()))?,
+        ));
+    }
+    if spec.drafters.contains(&specd_spec::DrafterKind::Synthetic) {
+        // The synthetic drafter needs the true continuation: run plain decoding first.
+        let mut plain = Engine::new(model.clone(), mem_cfg.clone(), RollbackKind::Fast);
+        let mut r = req.clone();
+        r.spec = SpecParams::default();
+        let out = plain.generate(0, r)?;
+        let mut reference = prompt.clone();
+        reference.extend_from_slice(&out.tokens);
+        req.reference = Some(Arc::new(reference));
+    }
+    let mut engine = Engine::new(model.clone(), mem_cfg, a.spec.rollback()?);
+    if a.json {
+        let out = engine.generate(0, req)?;
+        let v = json!({
+            "prompt": prompt_text,
+            "prompt_tokens": prompt,
+            "tokens": out.tokens,
+            "text": out.text,
+            "stop_reason": out.reason,
+            "probs": out.probs,
+            "timings": {
+                "prompt_n": out.n_prompt,
+                "prompt_ms": out.prompt_secs * 1e3,
+                "prompt_per_second": out.n_prompt as f64 / out.prompt_secs.max(1e-9),
+                "predicted_n": out.tokens.len(),
+                "predicted_ms": out.gen_secs * 1e3,
+                "predicted_per_second": out.tokens.len() as f64 / out.gen_secs.max(1e-9),
+            },
+            "speculative": {
+                "types": spec.drafters.iter().map(|d| d.name()).collect::<Vec<_>>(),
+                "rollback": a.spec.rollback()?.name(),
+                "acceptance_length": out.stats.acceptance_length(),
+                "acceptance_rate": out.stats.acceptance_rate(),
+                "stats": out.stats,
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    engine.add(0, req)?;
+    let mut stdout = std::io::stdout();
+    loop {
+        for ev in engine.step() {
+            match ev {
+                specd_spec::StepEvent::Tokens { text, .. } => {
+                    print!("{text}");
+                    stdout.flush().ok();
+                }
+                specd_spec::StepEvent::Finished { output, .. } => {
+                    println!();
+                    eprintln!(
+                        "[prompt {} tok, {:.1} tok/s | generated {} tok, {:.1} tok/s | acceptance length {:.2}]",
+                        output.n_prompt,
+                        output.n_prompt as f64 / output.prompt_secs.max(1e-9),
+                        output.tokens.len(),
+                        output.tokens.len() as f64 / output.gen_secs.max(1e-9),
+                        output.stats.acceptance_length()
+                    );
+                    return Ok(());
+                }
+                specd_spec::StepEvent::Failed { error, .. } => bail!(error),
+            }
+        }
+    }
+}

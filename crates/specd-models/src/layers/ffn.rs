@@ -1,0 +1,36 @@
+//! Dense SwiGLU feed-forward: `down · (silu(gate·f) ⊙ up·f)`.
+
+use crate::weights::Loader;
+use crate::ModelError;
+use specd_ops::activation::swiglu_inplace;
+use specd_ops::{matmul, Weight};
+
+/// FFN weights of one block.
+pub struct Ffn {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+impl Ffn {
+    /// Loads `blk.{i}.ffn_{gate,up,down}.weight`.
+    pub fn load(l: &Loader, i: usize, n_embd: usize, n_ff: usize) -> Result<Self, ModelError> {
+        Ok(Ffn {
+            gate: l.matrix(&format!("blk.{i}.ffn_gate.weight"), n_ff, n_embd)?,
+            up: l.matrix(&format!("blk.{i}.ffn_up.weight"), n_ff, n_embd)?,
+            down: l.matrix(&format!("blk.{i}.ffn_down.weight"), n_embd, n_ff)?,
+        })
+    }
+
+    /// `x` is `n × n_embd`; returns `n × n_embd`.
+    pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let mut g = vec![0f32; n * self.gate.rows];
+        let mut u = vec![0f32; n * self.up.rows];
+        matmul(x, n, &self.gate, &mut g)?;
+        matmul(x, n, &self.up, &mut u)?;
+        swiglu_inplace(&mut g, &u);
+        let mut out = vec![0f32; n * self.down.rows];
+        matmul(&g, n, &self.down, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,113 @@
+//! Gated DeltaNet layer (qwen35.md §3.5): projections here, the conv + recurrence in the
+//! sequence memory (which records what a rollback needs), then the gated RMSNorm and output
+//! projection.
+
+use super::{gather, scatter, SeqRows};
+use crate::config::SsmConfig;
+use crate::weights::Loader;
+use crate::ModelError;
+use specd_memory::Memory;
+use specd_ops::activation::silu;
+use specd_ops::delta_net::{GdnGates, GdnShape};
+use specd_ops::norm::rms_norm_inplace;
+use specd_ops::{matmul, Weight};
+
+/// Weights of one Gated DeltaNet layer.
+pub struct GatedDeltaNet {
+    pub qkv: Weight,
+    pub gate: Weight,
+    pub beta: Weight,
+    pub alpha: Weight,
+    /// `conv_dim × K`.
+    pub conv: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// −exp(A_log).
+    pub a: Vec<f32>,
+    /// Gated-norm weight, `d_v`.
+    pub norm: Vec<f32>,
+    pub out: Weight,
+    pub shape: GdnShape,
+    pub eps: f32,
+}
+
+impl GatedDeltaNet {
+    /// Loads `blk.{i}` GDN tensors.
+    pub fn load(
+        l: &Loader,
+        i: usize,
+        n_embd: usize,
+        s: &SsmConfig,
+        eps: f32,
+    ) -> Result<Self, ModelError> {
+        let p = |x: &str| format!("blk.{i}.{x}");
+        let cd = s.conv_dim();
+        let nv = s.n_v_heads;
+        Ok(GatedDeltaNet {
+            qkv: l.matrix(&p("attn_qkv.weight"), cd, n_embd)?,
+            gate: l.matrix(&p("attn_gate.weight"), s.inner, n_embd)?,
+            beta: l.matrix(&p("ssm_beta.weight"), nv, n_embd)?,
+            alpha: l.matrix(&p("ssm_alpha.weight"), nv, n_embd)?,
+            conv: l.tensor_f32(&p("ssm_conv1d.weight"), &[s.conv_kernel as u64, cd as u64])?,
+            dt_bias: l.vector(&p("ssm_dt.bias"), nv)?,
+            a: l.vector(&p("ssm_a"), nv)?,
+            norm: l.vector(&p("ssm_norm.weight"), s.d_v())?,
+            out: l.matrix(&p("ssm_out.weight"), n_embd, s.inner)?,
+            shape: GdnShape {
+                n_k: s.n_group,
+                n_v: nv,
+                d_k: s.d_state,
+                d_v: s.d_v(),
+                tiled: true,
+            },
+            eps,
+        })
+    }
+
+    /// Runs the layer for all rows (`a`: `n × n_embd`, normed) using recurrent layer `rec_layer`
+    /// of each sequence's memory. Returns `n × n_embd`.
+    pub fn forward(
+        &self,
+        a: &[f32],
+        n: usize,
+        groups: &[SeqRows],
+        mem: &mut Memory,
+        rec_layer: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cd = self.qkv.rows;
+        let (nv, dv) = (self.shape.n_v, self.shape.d_v);
+        let inner = nv * dv;
+        let mut mixed = vec![0f32; n * cd];
+        let mut z = vec![0f32; n * inner];
+        let mut b = vec![0f32; n * nv];
+        let mut al = vec![0f32; n * nv];
+        matmul(a, n, &self.qkv, &mut mixed)?;
+        matmul(a, n, &self.gate, &mut z)?;
+        matmul(a, n, &self.beta, &mut b)?;
+        matmul(a, n, &self.alpha, &mut al)?;
+        let gates = GdnGates {
+            dt_bias: &self.dt_bias,
+            a: &self.a,
+            eps: self.eps,
+        };
+        let mut y = vec![0f32; n * inner];
+        for g in groups {
+            let ms = gather(&mixed, cd, &g.rows);
+            let als = gather(&al, nv, &g.rows);
+            let bs = gather(&b, nv, &g.rows);
+            let o = mem
+                .gdn_layer(g.seq, rec_layer)?
+                .forward(&self.conv, &ms, &als, &bs, gates);
+            scatter(&o, inner, &g.rows, &mut y);
+        }
+        // Gated RMSNorm per value head: rms(o_j; w) ⊙ silu(z_j).
+        for (yh, zh) in y.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+            rms_norm_inplace(yh, &self.norm, self.eps);
+            for (v, &zv) in yh.iter_mut().zip(zh) {
+                *v *= silu(zv);
+            }
+        }
+        let mut out = vec![0f32; n * self.out.rows];
+        matmul(&y, n, &self.out, &mut out)?;
+        Ok(out)
+    }
+}

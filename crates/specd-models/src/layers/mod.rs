@@ -1,0 +1,35 @@
+//! One module per layer kind. Each layer's `forward` takes the normed input rows of the whole
+//! batch and the per-sequence row groups, and returns its output rows.
+
+pub mod attention;
+pub mod ffn;
+pub mod gdn;
+pub mod mtp;
+
+use specd_memory::SeqId;
+
+/// The rows of one sequence within a batch, in position order.
+#[derive(Debug, Clone)]
+pub struct SeqRows {
+    pub seq: SeqId,
+    /// Batch row indices.
+    pub rows: Vec<usize>,
+    /// Their positions.
+    pub positions: Vec<u32>,
+}
+
+/// Copies rows `idx` of a row-major `n × d` matrix into a contiguous `idx.len() × d` matrix.
+pub fn gather(src: &[f32], d: usize, idx: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(idx.len() * d);
+    for &i in idx {
+        out.extend_from_slice(&src[i * d..(i + 1) * d]);
+    }
+    out
+}
+
+/// Writes the rows of `src` (`idx.len() × d`) to rows `idx` of `dst`.
+pub fn scatter(src: &[f32], d: usize, idx: &[usize], dst: &mut [f32]) {
+    for (j, &i) in idx.iter().enumerate() {
+        dst[i * d..(i + 1) * d].copy_from_slice(&src[j * d..(j + 1) * d]);
+    }
+}

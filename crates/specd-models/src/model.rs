@@ -1,0 +1,427 @@
+//! [`Model`]: loading a GGUF file and the batched forward pass.
+
+use crate::batch::{Batch, DecodeOutput};
+use crate::config::{Arch, LayerKind, ModelConfig};
+use crate::layers::attention::Attention;
+use crate::layers::ffn::Ffn;
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::mtp::Mtp;
+use crate::layers::{gather, SeqRows};
+use crate::weights::Loader;
+use crate::ModelError;
+use specd_gguf::GgufFile;
+use specd_memory::{Memory, MemoryConfig, MemoryLayout};
+use specd_ops::attention::AttnShape;
+use specd_ops::delta_net::GdnShape;
+use specd_ops::norm::rms_norm_rows;
+use specd_ops::rope::Rope;
+use specd_ops::{matmul, Weight};
+use specd_tokenizer::Tokenizer;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Run-time options of a model.
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// Compute threads (0 = all cores).
+    pub n_threads: usize,
+    /// Rows per forward pass: longer batches (prompts) are processed in chunks of this size.
+    pub n_ubatch: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            n_threads: 0,
+            n_ubatch: 512,
+        }
+    }
+}
+
+enum Mixer {
+    Attention { w: Attention, kv_layer: usize },
+    Recurrent { w: GatedDeltaNet, rec_layer: usize },
+}
+
+struct Block {
+    attn_norm: Vec<f32>,
+    mixer: Mixer,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+}
+
+/// A loaded model, ready to decode batches against a [`Memory`].
+pub struct Model {
+    cfg: ModelConfig,
+    tok_embd: Weight,
+    output: Weight,
+    output_norm: Vec<f32>,
+    blocks: Vec<Block>,
+    rope: Rope,
+    mtp: Option<Mtp>,
+    tokenizer: Tokenizer,
+    pool: rayon::ThreadPool,
+    opts: ModelOptions,
+    /// Bytes of weights (as stored in the file, or dequantised).
+    weight_bytes: usize,
+}
+
+impl Model {
+    /// Opens and loads a GGUF file.
+    pub fn load(path: impl AsRef<Path>, opts: ModelOptions) -> Result<Self, ModelError> {
+        let g = GgufFile::open(path.as_ref())?;
+        Self::from_gguf(&g, opts)
+    }
+
+    /// Loads from an opened GGUF file (weights stay in its memory map).
+    pub fn from_gguf(g: &GgufFile, opts: ModelOptions) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_gguf(g)?;
+        let tokenizer = crate::vocab::tokenizer_from_gguf(g)?;
+        if tokenizer.n_vocab() != cfg.n_vocab {
+            return Err(ModelError::Invalid(format!(
+                "tokenizer has {} tokens but the model {} rows",
+                tokenizer.n_vocab(),
+                cfg.n_vocab
+            )));
+        }
+        let l = Loader::new(g);
+        let h = cfg.n_embd;
+        let tok_embd = l.matrix("token_embd.weight", cfg.n_vocab, h)?;
+        let output = match l.matrix_opt("output.weight", cfg.n_vocab, h)? {
+            Some(w) => w,
+            None => tok_embd.clone(),
+        };
+        let output_norm = l.vector("output_norm.weight", h)?;
+        let shape = AttnShape {
+            n_head: cfg.n_head,
+            n_kv: cfg.n_head_kv,
+            d_head: cfg.head_dim,
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        let (mut n_attn, mut n_rec) = (0, 0);
+        for i in 0..cfg.n_layer {
+            let mixer = match cfg.layer_kinds[i] {
+                LayerKind::Attention => {
+                    let gated = cfg.arch == Arch::Qwen35;
+                    let qk_norm = cfg.arch != Arch::Llama;
+                    let w = Attention::load(&l, i, h, shape, gated, qk_norm, cfg.eps)?;
+                    n_attn += 1;
+                    Mixer::Attention {
+                        w,
+                        kv_layer: n_attn - 1,
+                    }
+                }
+                LayerKind::Recurrent => {
+                    let ssm = cfg.ssm.as_ref().ok_or_else(|| {
+                        ModelError::Invalid("recurrent layer without ssm config".into())
+                    })?;
+                    let w = GatedDeltaNet::load(&l, i, h, ssm, cfg.eps)?;
+                    n_rec += 1;
+                    Mixer::Recurrent {
+                        w,
+                        rec_layer: n_rec - 1,
+                    }
+                }
+            };
+            let ffn_norm_name = if cfg.arch == Arch::Qwen35 {
+                "post_attention_norm"
+            } else {
+                "ffn_norm"
+            };
+            blocks.push(Block {
+                attn_norm: l.vector(&format!("blk.{i}.attn_norm.weight"), h)?,
+                mixer,
+                ffn_norm: l.vector(&format!("blk.{i}.{ffn_norm_name}.weight"), h)?,
+                ffn: Ffn::load(&l, i, h, cfg.n_ff[i])?,
+            });
+        }
+        let mtp = if cfg.arch == Arch::Qwen35 && cfg.n_nextn > 0 {
+            if cfg.n_nextn != 1 {
+                return Err(ModelError::Invalid(format!(
+                    "{} MTP blocks (only 1 is supported)",
+                    cfg.n_nextn
+                )));
+            }
+            let i = cfg.n_layer;
+            Some(Mtp::load(
+                &l,
+                i,
+                h,
+                cfg.n_vocab,
+                cfg.n_ff[i],
+                shape,
+                cfg.eps,
+            )?)
+        } else {
+            None
+        };
+        let rope = Rope::new(cfg.n_rot, cfg.rope_base, cfg.rope_mode.clone());
+        let n_threads = if opts.n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.n_threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(n_threads)
+            .thread_name(|i| format!("specd-compute-{i}"))
+            .build()
+            .map_err(|e| ModelError::Invalid(format!("thread pool: {e}")))?;
+        let weight_bytes = g.tensors().iter().map(|t| t.n_bytes() as usize).sum();
+        if opts.n_ubatch == 0 {
+            return Err(ModelError::Invalid("n_ubatch must be at least 1".into()));
+        }
+        Ok(Model {
+            cfg,
+            tok_embd,
+            output,
+            output_norm,
+            blocks,
+            rope,
+            mtp,
+            tokenizer,
+            pool,
+            opts,
+            weight_bytes,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    /// The tokenizer from the file.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    /// Compute threads.
+    pub fn n_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+    /// Bytes of weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+    /// True if the file carries an MTP head.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+    /// Shapes of the per-sequence memory this model needs.
+    pub fn memory_layout(&self) -> MemoryLayout {
+        let ssm = self.cfg.ssm;
+        MemoryLayout {
+            attn_layers: self.cfg.n_attn_layers(),
+            kv_row: self.cfg.n_head_kv * self.cfg.head_dim,
+            rec_layers: self.cfg.n_rec_layers(),
+            conv_kernel: ssm.map_or(2, |s| s.conv_kernel),
+            conv_channels: ssm.map_or(0, |s| s.conv_dim()),
+            gdn: ssm.map_or(
+                GdnShape {
+                    n_k: 1,
+                    n_v: 1,
+                    d_k: 0,
+                    d_v: 0,
+                    tiled: true,
+                },
+                |s| GdnShape {
+                    n_k: s.n_group,
+                    n_v: s.n_v_heads,
+                    d_k: s.d_state,
+                    d_v: s.d_v(),
+                    tiled: true,
+                },
+            ),
+        }
+    }
+    /// A fresh memory for this model.
+    pub fn new_memory(&self, cfg: MemoryConfig) -> Memory {
+        Memory::new(self.memory_layout(), cfg)
+    }
+
+    /// Decodes a batch: every row's token is appended to its sequence; logits (and hidden states
+    /// if asked) are returned for rows with `logits` set. Batches longer than `n_ubatch` rows are
+    /// processed in chunks. On error the memory is left as it was before the failing chunk.
+    pub fn decode(&self, mem: &mut Memory, batch: &Batch) -> Result<DecodeOutput, ModelError> {
+        self.validate(mem, batch)?;
+        let mut out = DecodeOutput {
+            n_vocab: self.cfg.n_vocab,
+            n_embd: self.cfg.n_embd,
+            ..Default::default()
+        };
+        let ub = self.opts.n_ubatch;
+        for start in (0..batch.rows.len()).step_by(ub) {
+            let end = (start + ub).min(batch.rows.len());
+            self.pool
+                .install(|| self.forward(mem, batch, start, end, &mut out))?;
+        }
+        Ok(out)
+    }
+
+    fn validate(&self, mem: &Memory, batch: &Batch) -> Result<(), ModelError> {
+        let mut next: HashMap<u32, u32> = HashMap::new();
+        for (i, r) in batch.rows.iter().enumerate() {
+            if r.token as usize >= self.cfg.n_vocab {
+                return Err(ModelError::BadBatch(format!(
+                    "row {i}: token {} out of vocabulary ({})",
+                    r.token, self.cfg.n_vocab
+                )));
+            }
+            let want = *next.entry(r.seq).or_insert(mem.n_past(r.seq) as u32);
+            if r.pos != want {
+                return Err(ModelError::BadBatch(format!(
+                    "row {i}: sequence {} expects position {want}, got {}",
+                    r.seq, r.pos
+                )));
+            }
+            next.insert(r.seq, want + 1);
+        }
+        for (&seq, &end) in &next {
+            if end as usize > mem.config().n_ctx {
+                return Err(specd_memory::MemoryError::ContextFull {
+                    seq,
+                    needed: end as usize,
+                    n_ctx: mem.config().n_ctx,
+                }
+                .into());
+            }
+        }
+        let new_seqs = next.keys().filter(|s| !mem.sequences().contains(s)).count();
+        if mem.sequences().len() + new_seqs > mem.config().max_seqs {
+            return Err(specd_memory::MemoryError::TooManySequences(mem.config().max_seqs).into());
+        }
+        Ok(())
+    }
+
+    /// One chunk `start..end` of the batch through the whole trunk.
+    fn forward(
+        &self,
+        mem: &mut Memory,
+        batch: &Batch,
+        start: usize,
+        end: usize,
+        out: &mut DecodeOutput,
+    ) -> Result<(), ModelError> {
+        let rows = &batch.rows[start..end];
+        let n = rows.len();
+        let h = self.cfg.n_embd;
+        // Group rows by sequence, in order of first appearance.
+        let mut groups: Vec<SeqRows> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            match groups.iter_mut().find(|g| g.seq == r.seq) {
+                Some(g) => {
+                    g.rows.push(i);
+                    g.positions.push(r.pos);
+                }
+                None => groups.push(SeqRows {
+                    seq: r.seq,
+                    rows: vec![i],
+                    positions: vec![r.pos],
+                }),
+            }
+        }
+        let mut begun = Vec::new();
+        for g in &groups {
+            if let Err(e) = mem.begin_batch(g.seq, g.positions[0] as usize, g.rows.len()) {
+                for &s in &begun {
+                    mem.abort_batch(s);
+                }
+                return Err(e.into());
+            }
+            begun.push(g.seq);
+        }
+        let result = self.trunk(mem, rows, &groups);
+        let x = match result {
+            Ok(x) => x,
+            Err(e) => {
+                for &s in &begun {
+                    mem.abort_batch(s);
+                }
+                return Err(e);
+            }
+        };
+        for g in &groups {
+            mem.end_batch(g.seq)?;
+        }
+        // Final norm and LM head for the rows that want logits.
+        let want: Vec<usize> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.logits)
+            .map(|(i, _)| i)
+            .collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let xs = gather(&x, h, &want);
+        let mut hn = vec![0f32; xs.len()];
+        rms_norm_rows(&xs, &self.output_norm, self.cfg.eps, &mut hn);
+        let mut logits = vec![0f32; want.len() * self.cfg.n_vocab];
+        matmul(&hn, want.len(), &self.output, &mut logits)?;
+        out.rows.extend(want.iter().map(|i| i + start));
+        out.logits.extend_from_slice(&logits);
+        if batch.want_hidden {
+            out.hidden.extend_from_slice(&hn);
+        }
+        let _ = n;
+        Ok(())
+    }
+
+    /// Embeddings → all blocks. Returns the residual stream `n × n_embd`.
+    fn trunk(
+        &self,
+        mem: &mut Memory,
+        rows: &[crate::BatchRow],
+        groups: &[SeqRows],
+    ) -> Result<Vec<f32>, ModelError> {
+        let n = rows.len();
+        let h = self.cfg.n_embd;
+        let mut x = self.embed(rows.iter().map(|r| r.token));
+        let mut a = vec![0f32; n * h];
+        for b in &self.blocks {
+            rms_norm_rows(&x, &b.attn_norm, self.cfg.eps, &mut a);
+            let m = match &b.mixer {
+                Mixer::Attention { w, kv_layer } => {
+                    w.forward(&a, n, groups, &self.rope, mem, *kv_layer)?
+                }
+                Mixer::Recurrent { w, rec_layer } => w.forward(&a, n, groups, mem, *rec_layer)?,
+            };
+            for (xv, mv) in x.iter_mut().zip(&m) {
+                *xv += mv;
+            }
+            rms_norm_rows(&x, &b.ffn_norm, self.cfg.eps, &mut a);
+            let f = b.ffn.forward(&a, n)?;
+            for (xv, fv) in x.iter_mut().zip(&f) {
+                *xv += fv;
+            }
+        }
+        Ok(x)
+    }
+
+    /// Embedding rows of `tokens`.
+    pub fn embed(&self, tokens: impl Iterator<Item = u32>) -> Vec<f32> {
+        let h = self.cfg.n_embd;
+        let tokens: Vec<u32> = tokens.collect();
+        let mut x = vec![0f32; tokens.len() * h];
+        for (i, &t) in tokens.iter().enumerate() {
+            self.tok_embd
+                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
+        }
+        x
+    }
+
+    /// The MTP head, if the file has one.
+    pub fn mtp(&self) -> Option<&Mtp> {
+        self.mtp.as_ref()
+    }
+    /// The model's output norm and LM head (shared with the MTP head).
+    pub fn output_head(&self) -> (&[f32], &Weight) {
+        (&self.output_norm, &self.output)
+    }
+    /// The rotary table.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+    /// Runs `f` inside this model's compute pool.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}

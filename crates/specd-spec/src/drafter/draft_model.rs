@@ -1,0 +1,122 @@
+//! `draft-simple`: a smaller model with the same vocabulary drafts greedily. Its memory follows
+//! the accepted tokens; after each draft it is taken back to the last accepted token — by KV
+//! truncation for a transformer draft, by a checkpoint for a hybrid one (drafting feeds one token
+//! per decode, and the fast rollback covers one batch).
+
+use super::Drafter;
+use crate::SpecError;
+use specd_memory::{Memory, MemoryConfig, RollbackMode};
+use specd_models::{Batch, Model};
+use std::sync::Arc;
+
+const SEQ: u32 = 0;
+
+/// Draft-model drafter for one sequence.
+pub struct DraftModel {
+    model: Arc<Model>,
+    mem: Memory,
+    /// Tokens the draft memory has processed (a prefix of the sequence).
+    fed: Vec<u32>,
+    p_min: f32,
+}
+
+impl DraftModel {
+    /// A drafter running `model`, with a context of `n_ctx` tokens.
+    pub fn new(model: Arc<Model>, n_ctx: usize, p_min: f32) -> Self {
+        let mem = model.new_memory(MemoryConfig {
+            n_ctx,
+            max_seqs: 1,
+            rollback: RollbackMode::None,
+            checkpoint_budget: usize::MAX,
+            ..Default::default()
+        });
+        DraftModel {
+            model,
+            mem,
+            fed: Vec::new(),
+            p_min,
+        }
+    }
+
+    fn argmax_prob(logits: &[f32]) -> (u32, f32) {
+        let mut best = 0usize;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > logits[best] {
+                best = i;
+            }
+        }
+        let m = logits[best];
+        let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
+        (best as u32, 1.0 / z)
+    }
+}
+
+impl Drafter for DraftModel {
+    fn name(&self) -> &'static str {
+        "draft-simple"
+    }
+    fn is_cheap(&self) -> bool {
+        false
+    }
+    fn draft(&mut self, tokens: &[u32], n_max: usize) -> Result<Vec<u32>, SpecError> {
+        if tokens.is_empty() || n_max == 0 {
+            return Ok(Vec::new());
+        }
+        // Keep the longest common prefix of what was fed and the sequence.
+        let common = self
+            .fed
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let common = common.min(tokens.len() - 1);
+        if common < self.fed.len() {
+            if self.mem.remove_from(SEQ, common).is_err() {
+                self.mem.clear(SEQ);
+                self.fed.clear();
+            } else {
+                self.fed.truncate(common);
+            }
+        }
+        let room = self.mem.config().n_ctx.saturating_sub(tokens.len());
+        let n_max = n_max.min(room);
+        if n_max == 0 {
+            return Ok(Vec::new());
+        }
+        let start = self.fed.len();
+        let batch = Batch::from_tokens(&tokens[start..], start as u32, SEQ, false);
+        let out = self.model.decode(&mut self.mem, &batch)?;
+        self.fed.extend_from_slice(&tokens[start..]);
+        let hybrid = self.model.memory_layout().is_hybrid();
+        let cp = if hybrid {
+            self.mem.checkpoint(SEQ)?
+        } else {
+            None
+        };
+        let mut drafts = Vec::new();
+        let (mut tok, mut p) = Self::argmax_prob(out.logits(0));
+        while drafts.len() < n_max && p >= self.p_min {
+            drafts.push(tok);
+            if drafts.len() == n_max {
+                break;
+            }
+            let pos = (tokens.len() + drafts.len() - 1) as u32;
+            let out = self
+                .model
+                .decode(&mut self.mem, &Batch::from_tokens(&[tok], pos, SEQ, true))?;
+            (tok, p) = Self::argmax_prob(out.logits(0));
+        }
+        // Back to the accepted sequence.
+        let n_fed_drafts = self.mem.n_past(SEQ) - tokens.len();
+        if n_fed_drafts > 0 {
+            match cp {
+                Some(id) => self.mem.restore(SEQ, id)?,
+                None => self.mem.rollback(SEQ, n_fed_drafts)?,
+            }
+        }
+        if let Some(id) = cp {
+            self.mem.drop_checkpoint(id);
+        }
+        Ok(drafts)
+    }
+}

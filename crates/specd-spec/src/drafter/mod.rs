@@ -1,0 +1,70 @@
+//! Drafters: anything that, given the tokens so far, proposes a continuation.
+
+pub mod draft_model;
+pub mod ngram;
+pub mod synthetic;
+
+use crate::SpecError;
+
+/// A source of draft tokens for one sequence.
+pub trait Drafter: Send {
+    /// `--spec-type` name.
+    fn name(&self) -> &'static str;
+    /// Proposes up to `n_max` tokens continuing `tokens` (the whole sequence so far, prompt and
+    /// generated, ending with the token the target will decode next).
+    fn draft(&mut self, tokens: &[u32], n_max: usize) -> Result<Vec<u32>, SpecError>;
+    /// After verification: `drafted` tokens were verified, the first `accepted` matched.
+    fn feedback(&mut self, _drafted: usize, _accepted: usize) {}
+    /// True if drafting costs no model time (n-gram tables): the controller may then draft "in
+    /// the shadow" of a plain step to keep measuring acceptance at no cost.
+    fn is_cheap(&self) -> bool {
+        true
+    }
+}
+
+/// Several drafters in priority order: the first non-empty draft wins the round, and only that
+/// drafter hears the feedback.
+pub struct Chain {
+    pub drafters: Vec<Box<dyn Drafter>>,
+    last: Option<usize>,
+}
+
+impl Chain {
+    /// A chain over `drafters`.
+    pub fn new(drafters: Vec<Box<dyn Drafter>>) -> Self {
+        Chain {
+            drafters,
+            last: None,
+        }
+    }
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.drafters.is_empty()
+    }
+    /// Drafts with the first drafter that proposes something.
+    pub fn draft(&mut self, tokens: &[u32], n_max: usize) -> Result<Vec<u32>, SpecError> {
+        self.last = None;
+        for (i, d) in self.drafters.iter_mut().enumerate() {
+            let v = d.draft(tokens, n_max)?;
+            if !v.is_empty() {
+                self.last = Some(i);
+                return Ok(v);
+            }
+        }
+        Ok(Vec::new())
+    }
+    /// Feedback to the drafter that won the last round.
+    pub fn feedback(&mut self, drafted: usize, accepted: usize) {
+        if let Some(i) = self.last {
+            self.drafters[i].feedback(drafted, accepted);
+        }
+    }
+    /// True if every drafter is cheap.
+    pub fn is_cheap(&self) -> bool {
+        self.drafters.iter().all(|d| d.is_cheap())
+    }
+    /// Name of the drafter that produced the last draft.
+    pub fn last_name(&self) -> Option<&'static str> {
+        self.last.map(|i| self.drafters[i].name())
+    }
+}

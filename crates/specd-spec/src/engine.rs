@@ -1,0 +1,661 @@
+//! [`Engine`]: generation for many sequences at once, one speculative round per step.
+
+use crate::controller::{Controller, CostModel};
+use crate::drafter::draft_model::DraftModel;
+use crate::drafter::ngram::{ModTable, NgramCache, NgramMapK, NgramMapK4v, NgramMod, NgramSimple};
+use crate::drafter::synthetic::Synthetic;
+use crate::drafter::{Chain, Drafter};
+use crate::params::{DrafterKind, RollbackKind, SpecParams};
+use crate::rollback::rollback_rejected;
+use crate::stats::SpecStats;
+use crate::SpecError;
+use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
+use specd_models::{Batch, Model};
+use specd_sampling::{Sampler, SamplerParams};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// What one sequence should generate.
+#[derive(Clone)]
+pub struct SequenceRequest {
+    /// Prompt tokens (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub n_predict: usize,
+    pub sampler: SamplerParams,
+    /// Generation ends at end-of-generation tokens unless this is set.
+    pub ignore_eos: bool,
+    /// Stop strings: generation ends where one appears; nothing after it is emitted.
+    pub stop: Vec<String>,
+    pub spec: SpecParams,
+    /// For the synthetic drafter: the plain run's tokens (prompt + continuation).
+    pub reference: Option<Arc<Vec<u32>>>,
+    /// For `draft-simple`: the draft model.
+    pub draft_model: Option<Arc<Model>>,
+    /// Report the top `n_probs` log-probabilities (of the raw logits) of each generated token.
+    pub n_probs: usize,
+}
+
+impl SequenceRequest {
+    /// Plain greedy generation of `n_predict` tokens.
+    pub fn greedy(prompt: Vec<u32>, n_predict: usize) -> Self {
+        SequenceRequest {
+            prompt,
+            n_predict,
+            sampler: SamplerParams::greedy(),
+            ignore_eos: false,
+            stop: Vec::new(),
+            spec: SpecParams::default(),
+            reference: None,
+            draft_model: None,
+            n_probs: 0,
+        }
+    }
+}
+
+/// Why a sequence finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token.
+    Eos,
+    /// `n_predict` reached.
+    Limit,
+    /// A stop string.
+    Stop,
+    /// The context is full.
+    Context,
+    /// The sequence failed (its error is in [`StepEvent::Failed`]).
+    Error,
+}
+
+/// What a step produced for one sequence.
+#[derive(Debug)]
+pub enum StepEvent {
+    /// New tokens (in order) and their text.
+    Tokens {
+        seq: SeqId,
+        tokens: Vec<u32>,
+        text: String,
+    },
+    /// The sequence finished; its summary.
+    Finished { seq: SeqId, output: SeqOutput },
+    /// The sequence failed; it is removed.
+    Failed { seq: SeqId, error: String },
+}
+
+/// Summary of a finished sequence.
+#[derive(Debug, Clone)]
+pub struct SeqOutput {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub reason: FinishReason,
+    /// The stop string that ended it, if any.
+    pub stop_word: Option<String>,
+    pub n_prompt: usize,
+    pub prompt_secs: f64,
+    pub gen_secs: f64,
+    pub stats: SpecStats,
+    /// Per generated token: its log-probability and the top `n_probs` (token, log-probability).
+    pub probs: Vec<TokenProbs>,
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenProbs {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+struct GenSeq {
+    req: SequenceRequest,
+    sampler: Sampler,
+    /// Prompt + generated tokens; the last one is not yet in memory.
+    tokens: Vec<u32>,
+    n_prompt: usize,
+    generated: Vec<u32>,
+    text: Vec<u8>,
+    emitted_text: usize,
+    chain: Chain,
+    controller: Controller,
+    stats: SpecStats,
+    prefilled: bool,
+    prompt_secs: f64,
+    gen_start: Option<Instant>,
+    probs: Vec<TokenProbs>,
+}
+
+/// Runs generations for many sequences; all sequences' rows of a step share one decode batch.
+pub struct Engine {
+    model: Arc<Model>,
+    mem: Memory,
+    seqs: BTreeMap<SeqId, GenSeq>,
+    cost: CostModel,
+    mod_table: Arc<Mutex<ModTable>>,
+    rollback: RollbackKind,
+}
+
+impl Engine {
+    /// An engine over `model` with a memory for `mem_cfg.max_seqs` sequences. `rollback` picks
+    /// how recurrent state is taken back after rejected drafts.
+    pub fn new(model: Arc<Model>, mut mem_cfg: MemoryConfig, rollback: RollbackKind) -> Self {
+        mem_cfg.rollback = match rollback {
+            RollbackKind::Fast => RollbackMode::Replay,
+            RollbackKind::Snapshot => RollbackMode::Snapshot,
+            RollbackKind::Checkpoint => RollbackMode::None,
+        };
+        let mem = model.new_memory(mem_cfg);
+        Engine {
+            model,
+            mem,
+            seqs: BTreeMap::new(),
+            cost: CostModel::default(),
+            mod_table: ModTable::new(1 << 20),
+            rollback,
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    /// The memory (usage, checkpoints).
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+    /// True if no sequence is running.
+    pub fn is_idle(&self) -> bool {
+        self.seqs.is_empty()
+    }
+    /// Number of running sequences.
+    pub fn active(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Starts a sequence. Its prompt is processed at the next [`Engine::step`].
+    pub fn add(&mut self, seq: SeqId, req: SequenceRequest) -> Result<(), SpecError> {
+        if req.prompt.is_empty() {
+            return Err(SpecError::Invalid("empty prompt".into()));
+        }
+        if self.seqs.contains_key(&seq) {
+            return Err(SpecError::Invalid(format!(
+                "sequence {seq} is already running"
+            )));
+        }
+        let n_vocab = self.model.config().n_vocab;
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(SpecError::Invalid(format!(
+                "prompt token {t} out of vocabulary ({n_vocab})"
+            )));
+        }
+        let n_ctx = self.mem.config().n_ctx;
+        if req.prompt.len() >= n_ctx {
+            return Err(SpecError::Invalid(format!(
+                "prompt of {} tokens does not fit the context of {n_ctx}",
+                req.prompt.len()
+            )));
+        }
+        req.spec.validate().map_err(SpecError::Invalid)?;
+        let sampler = Sampler::new(req.sampler.clone(), &req.prompt)?;
+        let chain = self.build_chain(&req)?;
+        self.mem.clear(seq);
+        let tokens = req.prompt.clone();
+        let n_prompt = tokens.len();
+        let controller = Controller::new(req.spec.n_max);
+        self.seqs.insert(
+            seq,
+            GenSeq {
+                req,
+                sampler,
+                tokens,
+                n_prompt,
+                generated: Vec::new(),
+                text: Vec::new(),
+                emitted_text: 0,
+                chain,
+                controller,
+                stats: SpecStats::default(),
+                prefilled: false,
+                prompt_secs: 0.0,
+                gen_start: None,
+                probs: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops a sequence now and frees its memory.
+    pub fn cancel(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+        self.mem.clear(seq);
+    }
+
+    fn build_chain(&self, req: &SequenceRequest) -> Result<Chain, SpecError> {
+        let sp = &req.spec;
+        let mut v: Vec<Box<dyn Drafter>> = Vec::new();
+        if !sp.enabled() {
+            return Ok(Chain::new(v));
+        }
+        for k in &sp.drafters {
+            v.push(match k {
+                DrafterKind::NgramSimple => Box::new(NgramSimple { n: sp.ngram_n }),
+                DrafterKind::NgramMapK => Box::new(NgramMapK::new(sp.ngram_n)),
+                DrafterKind::NgramMapK4v => Box::new(NgramMapK4v::new(sp.ngram_n)),
+                DrafterKind::NgramMod => {
+                    Box::new(NgramMod::new(sp.ngram_n, self.mod_table.clone()))
+                }
+                DrafterKind::NgramCache => Box::new(NgramCache::new(None)),
+                DrafterKind::DraftSimple => {
+                    let m = req.draft_model.clone().ok_or_else(|| {
+                        SpecError::Invalid("draft-simple needs a draft model (-md)".into())
+                    })?;
+                    if m.config().n_vocab != self.model.config().n_vocab {
+                        return Err(SpecError::Invalid(format!(
+                            "draft model vocabulary {} differs from the target's {}",
+                            m.config().n_vocab,
+                            self.model.config().n_vocab
+                        )));
+                    }
+                    Box::new(DraftModel::new(m, self.mem.config().n_ctx, sp.p_min))
+                }
+                DrafterKind::DraftMtp => {
+                    return Err(SpecError::Invalid(
+                        "draft-mtp is not implemented yet".into(),
+                    ));
+                }
+                DrafterKind::Synthetic => {
+                    let r = req.reference.clone().ok_or_else(|| {
+                        SpecError::Invalid(
+                            "the synthetic drafter needs a reference continuation".into(),
+                        )
+                    })?;
+                    Box::new(Synthetic::new(
+                        r,
+                        sp.synthetic_rates(),
+                        0x5eed,
+                        self.model.config().n_vocab as u32,
+                    ))
+                }
+            });
+        }
+        Ok(Chain::new(v))
+    }
+
+    /// One round for every running sequence. Returns what happened, in sequence order.
+    pub fn step(&mut self) -> Vec<StepEvent> {
+        let mut events = Vec::new();
+        if self.seqs.is_empty() {
+            return events;
+        }
+        // 1. Prefill prompts of new sequences (all but the last prompt token).
+        let new: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| !s.prefilled)
+            .map(|(id, _)| *id)
+            .collect();
+        if !new.is_empty() {
+            let mut batch = Batch::new();
+            for id in &new {
+                let s = &self.seqs[id];
+                for (i, &t) in s.tokens[..s.tokens.len() - 1].iter().enumerate() {
+                    batch.push(t, i as u32, *id, false);
+                }
+            }
+            let t0 = Instant::now();
+            let res = if batch.is_empty() {
+                Ok(())
+            } else {
+                self.model.decode(&mut self.mem, &batch).map(|_| ())
+            };
+            let secs = t0.elapsed().as_secs_f64();
+            match res {
+                Ok(()) => {
+                    for id in &new {
+                        if let Some(s) = self.seqs.get_mut(id) {
+                            s.prefilled = true;
+                            s.prompt_secs = secs;
+                        }
+                    }
+                }
+                Err(_) => {
+                    // Retry one by one so a bad prompt fails only its own sequence.
+                    for id in new {
+                        let s = &self.seqs[&id];
+                        let toks = s.tokens[..s.tokens.len() - 1].to_vec();
+                        self.mem.clear(id);
+                        let t0 = Instant::now();
+                        let r = if toks.is_empty() {
+                            Ok(())
+                        } else {
+                            self.model
+                                .decode(&mut self.mem, &Batch::from_tokens(&toks, 0, id, false))
+                                .map(|_| ())
+                        };
+                        match r {
+                            Ok(()) => {
+                                if let Some(s) = self.seqs.get_mut(&id) {
+                                    s.prefilled = true;
+                                    s.prompt_secs = t0.elapsed().as_secs_f64();
+                                }
+                            }
+                            Err(e) => {
+                                self.fail(id, e.to_string(), &mut events);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // 2. Drafts.
+        let n_ctx = self.mem.config().n_ctx;
+        let hybrid = self.model.memory_layout().is_hybrid();
+        let window = self.mem.config().rollback_window;
+        let mut plan: Vec<(SeqId, Vec<u32>, Option<specd_memory::CheckpointId>)> = Vec::new();
+        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            let Some(s) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            if s.gen_start.is_none() {
+                s.gen_start = Some(Instant::now());
+            }
+            let remaining = s.req.n_predict - s.generated.len();
+            // A round yields up to n+1 tokens and feeds n+1 rows.
+            let room = n_ctx.saturating_sub(s.tokens.len()); // rows that still fit
+            if room == 0 {
+                self.finish(id, crate::FinishReason::Context, None, &mut events);
+                continue;
+            }
+            let cap = s
+                .req
+                .spec
+                .n_max
+                .min(remaining.saturating_sub(1))
+                .min(room - 1);
+            let mut draft = Vec::new();
+            if cap > 0 && !s.chain.is_empty() {
+                match s.chain.draft(&s.tokens, cap) {
+                    Ok(d) => draft = d,
+                    Err(e) => {
+                        self.fail(id, e.to_string(), &mut events);
+                        continue;
+                    }
+                }
+                draft.truncate(cap);
+                let n = if s.req.spec.adaptive {
+                    s.controller
+                        .choose(draft.len(), s.req.spec.n_min, &self.cost)
+                } else if draft.len() >= s.req.spec.n_min {
+                    draft.len()
+                } else {
+                    0
+                };
+                if n == 0 && !draft.is_empty() {
+                    s.stats.controller_skips += 1;
+                    if s.chain.is_cheap() {
+                        s.controller.shadow = draft.first().copied();
+                    }
+                }
+                draft.truncate(n);
+            }
+            s.stats.record_choice(draft.len());
+            let cp = if hybrid
+                && !draft.is_empty()
+                && (self.rollback == RollbackKind::Checkpoint || draft.len() + 1 > window)
+            {
+                match self.mem.checkpoint(id) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.fail(id, e.to_string(), &mut events);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            plan.push((id, draft, cp));
+        }
+        if plan.is_empty() {
+            return events;
+        }
+        // 3. One verification batch for all sequences.
+        let mut batch = Batch::new();
+        for (id, draft, _) in &plan {
+            let s = &self.seqs[id];
+            let p = s.tokens.len() - 1;
+            batch.push(s.tokens[p], p as u32, *id, true);
+            for (i, &d) in draft.iter().enumerate() {
+                batch.push(d, (p + 1 + i) as u32, *id, true);
+            }
+        }
+        let t0 = Instant::now();
+        let out = match self.model.decode(&mut self.mem, &batch) {
+            Ok(o) => {
+                if plan.len() == 1 {
+                    self.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
+                }
+                o
+            }
+            Err(_) => {
+                // Fail only the sequences whose rows cannot be decoded: retry each alone.
+                let mut outs = Vec::new();
+                for (id, draft, cp) in plan {
+                    let s = &self.seqs[&id];
+                    let p = s.tokens.len() - 1;
+                    let mut rows = vec![s.tokens[p]];
+                    rows.extend_from_slice(&draft);
+                    let b = Batch::from_tokens(&rows, p as u32, id, true);
+                    match self.model.decode(&mut self.mem, &b) {
+                        Ok(o) => outs.push((id, draft, cp, o)),
+                        Err(e) => self.fail(id, e.to_string(), &mut events),
+                    }
+                }
+                for (id, draft, cp, o) in outs {
+                    let logits: Vec<&[f32]> = (0..o.len()).map(|i| o.logits(i)).collect();
+                    self.accept(id, &draft, cp, &logits, &mut events);
+                }
+                return events;
+            }
+        };
+        let mut row = 0;
+        for (id, draft, cp) in plan {
+            let n = draft.len() + 1;
+            let logits: Vec<&[f32]> = (row..row + n).map(|i| out.logits(i)).collect();
+            row += n;
+            self.accept(id, &draft, cp, &logits, &mut events);
+        }
+        events
+    }
+
+    /// Walks the verified rows of one sequence with its sampler, keeps the matching prefix plus
+    /// one target token, rolls back the rest and applies the stop conditions.
+    fn accept(
+        &mut self,
+        id: SeqId,
+        draft: &[u32],
+        cp: Option<specd_memory::CheckpointId>,
+        logits: &[&[f32]],
+        events: &mut Vec<StepEvent>,
+    ) {
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let p = s.tokens.len() - 1; // position of the fed `last`
+        let mut new_tokens = Vec::new();
+        let mut new_probs = Vec::new();
+        for (i, l) in logits.iter().enumerate() {
+            let t = s.sampler.sample(l, (p + 1 + i) as u64);
+            s.sampler.accept(t);
+            new_tokens.push(t);
+            if s.req.n_probs > 0 {
+                new_probs.push(token_probs(l, t, s.req.n_probs));
+            }
+            if i >= draft.len() || draft[i] != t {
+                break;
+            }
+        }
+        let k = new_tokens.len() - 1; // accepted drafts
+        s.stats.rounds += 1;
+        if draft.is_empty() {
+            s.stats.empty_draft_rounds += 1;
+            s.controller.resolve_shadow(new_tokens[0]);
+        } else {
+            s.stats.record_draft(draft.len(), k);
+            s.controller.observe(draft.len(), k);
+            s.chain.feedback(draft.len(), k);
+        }
+        // Fed rows: last, d1..dn. Accepted in memory: last, d1..dk.
+        let mut fed = vec![s.tokens[p]];
+        fed.extend_from_slice(draft);
+        if let Err(e) = rollback_rejected(
+            &self.model,
+            &mut self.mem,
+            id,
+            p,
+            &fed,
+            k + 1,
+            cp,
+            &mut s.stats,
+        ) {
+            let msg = e.to_string();
+            self.fail(id, msg, events);
+            return;
+        }
+        // Stop conditions, token by token.
+        let tok = self.model.tokenizer();
+        let mut emit = Vec::new();
+        let mut finish: Option<(FinishReason, Option<String>)> = None;
+        for &t in &new_tokens {
+            if !s.req.ignore_eos && tok.is_eog(t) {
+                s.tokens.push(t);
+                finish = Some((FinishReason::Eos, None));
+                break;
+            }
+            s.tokens.push(t);
+            s.generated.push(t);
+            emit.push(t);
+            if let Some(pr) = new_probs.get(emit.len() - 1) {
+                s.probs.push(pr.clone());
+            }
+            s.text.extend_from_slice(&tok.token_to_bytes(t));
+            if let Some((at, w)) = find_stop(&s.text, &s.req.stop, s.emitted_text) {
+                s.text.truncate(at);
+                finish = Some((FinishReason::Stop, Some(w)));
+                break;
+            }
+            if s.generated.len() >= s.req.n_predict {
+                finish = Some((FinishReason::Limit, None));
+                break;
+            }
+        }
+        // Emit complete UTF-8 text, holding back what could still become a stop string.
+        let hold = if finish.is_some() {
+            0
+        } else {
+            s.req
+                .stop
+                .iter()
+                .map(|w| w.len())
+                .max()
+                .unwrap_or(0)
+                .saturating_sub(1)
+        };
+        let mut upto = s.text.len().saturating_sub(hold).max(s.emitted_text);
+        while upto > s.emitted_text
+            && std::str::from_utf8(&s.text[s.emitted_text..upto]).is_err()
+            && finish.is_none()
+        {
+            upto -= 1;
+        }
+        let text = String::from_utf8_lossy(&s.text[s.emitted_text..upto]).into_owned();
+        s.emitted_text = upto;
+        if !emit.is_empty() || !text.is_empty() {
+            events.push(StepEvent::Tokens {
+                seq: id,
+                tokens: emit,
+                text,
+            });
+        }
+        if let Some((reason, word)) = finish {
+            self.finish(id, reason, word, events);
+        }
+    }
+
+    fn finish(
+        &mut self,
+        id: SeqId,
+        reason: FinishReason,
+        stop_word: Option<String>,
+        events: &mut Vec<StepEvent>,
+    ) {
+        if let Some(s) = self.seqs.remove(&id) {
+            self.mem.clear(id);
+            let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let output = SeqOutput {
+                text: String::from_utf8_lossy(&s.text).into_owned(),
+                tokens: s.generated,
+                reason,
+                stop_word,
+                n_prompt: s.n_prompt,
+                prompt_secs: s.prompt_secs,
+                gen_secs,
+                stats: s.stats,
+                probs: s.probs,
+            };
+            events.push(StepEvent::Finished { seq: id, output });
+        }
+    }
+
+    fn fail(&mut self, id: SeqId, error: String, events: &mut Vec<StepEvent>) {
+        self.seqs.remove(&id);
+        self.mem.clear(id);
+        events.push(StepEvent::Failed { seq: id, error });
+    }
+
+    /// Runs one sequence to completion (convenience for the CLI and tests).
+    pub fn generate(&mut self, seq: SeqId, req: SequenceRequest) -> Result<SeqOutput, SpecError> {
+        self.add(seq, req)?;
+        loop {
+            for ev in self.step() {
+                match ev {
+                    StepEvent::Finished { seq: s, output } if s == seq => return Ok(output),
+                    StepEvent::Failed { seq: s, error } if s == seq => {
+                        return Err(SpecError::Invalid(error))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Log-softmax of the raw logits: the chosen token's value and the top `n`.
+fn token_probs(logits: &[f32], token: u32, n: usize) -> TokenProbs {
+    let top = specd_sampling::top_logprobs(logits, n);
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + logits.iter().map(|&v| (v - m).exp()).sum::<f32>().ln();
+    TokenProbs {
+        token,
+        logprob: logits[token as usize] - lse,
+        top,
+    }
+}
+
+/// First stop string in `text` that ends after `from` (earlier text was already checked).
+fn find_stop(text: &[u8], stops: &[String], from: usize) -> Option<(usize, String)> {
+    let mut best: Option<(usize, String)> = None;
+    for w in stops.iter().filter(|w| !w.is_empty()) {
+        let wb = w.as_bytes();
+        let start = from.saturating_sub(wb.len());
+        if let Some(i) = text[start..].windows(wb.len()).position(|x| x == wb) {
+            let at = start + i;
+            if best.as_ref().is_none_or(|(b, _)| at < *b) {
+                best = Some((at, w.clone()));
+            }
+        }
+    }
+    best
+}

@@ -1,0 +1,37 @@
+//! Generation with exact speculative decoding. Knows nothing about HTTP.
+//!
+//! One *round* per sequence (speculative.md §1): a [`drafter`] proposes tokens, the target model
+//! verifies `[last, d1..dn]` in one batch (rows of all active sequences share one decode batch),
+//! the target's own sampler walks the rows and keeps the longest matching prefix plus one token of
+//! its own, everything the rejected tokens touched is rolled back ([`rollback`]), and the drafter
+//! hears how many were accepted. Plain decoding is the same loop with empty drafts, so both paths
+//! share every line that could make their outputs differ.
+//!
+//! * [`engine::Engine`]: the round for many sequences at once.
+//! * [`controller`]: picks each round's draft length for the best expected tokens per second
+//!   (zero included) — speculation must never make generation slower.
+//! * [`stats`]: per-sequence statistics (speculative.md §7).
+
+pub mod controller;
+pub mod drafter;
+pub mod engine;
+pub mod params;
+pub mod rollback;
+pub mod stats;
+
+pub use engine::{Engine, FinishReason, SeqOutput, SequenceRequest, StepEvent};
+pub use params::{DrafterKind, RollbackKind, SpecParams};
+pub use stats::SpecStats;
+
+/// Errors of a generation.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error(transparent)]
+    Model(#[from] specd_models::ModelError),
+    #[error(transparent)]
+    Memory(#[from] specd_memory::MemoryError),
+    #[error(transparent)]
+    Sampling(#[from] specd_sampling::SamplingError),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}

@@ -1,0 +1,59 @@
+//! Taking the rejected tokens of a verification batch back out of the target's memory.
+//!
+//! Attention KV is truncated; recurrent state uses the memory's fast rollback (replayed
+//! recurrence or snapshot) and falls back to checkpoint-and-replay — restore the state saved
+//! before verification and decode the accepted tokens again through the whole model — only when
+//! the fast path cannot cover the draft or checkpoint mode was chosen.
+
+use crate::stats::SpecStats;
+use crate::SpecError;
+use specd_memory::{CheckpointId, Memory, SeqId};
+use specd_models::{Batch, Model};
+
+/// After verifying `fed` tokens (starting at position `start`) of which the first `keep` are
+/// accepted, removes the rest. `checkpoint` is the state at `start` if one was taken.
+pub fn rollback_rejected(
+    model: &Model,
+    mem: &mut Memory,
+    seq: SeqId,
+    start: usize,
+    fed: &[u32],
+    keep: usize,
+    checkpoint: Option<CheckpointId>,
+    stats: &mut SpecStats,
+) -> Result<(), SpecError> {
+    let reject = fed.len() - keep;
+    if reject > 0 {
+        let fast = if checkpoint.is_none() {
+            mem.rollback(seq, reject).is_ok()
+        } else {
+            false
+        };
+        if fast {
+            stats.rollbacks_fast += 1;
+        } else {
+            let Some(id) = checkpoint else {
+                // No checkpoint and no fast path: only possible if the fast path was expected
+                // to cover the draft; report it rather than corrupting state.
+                return Err(SpecError::Invalid(format!(
+                    "sequence {seq}: cannot roll back {reject} tokens (no checkpoint)"
+                )));
+            };
+            mem.restore(seq, id)?;
+            if keep > 0 {
+                let b = Batch::from_tokens(&fed[..keep], start as u32, seq, false);
+                let mut b = b;
+                for r in &mut b.rows {
+                    r.logits = false;
+                }
+                model.decode(mem, &b)?;
+            }
+            stats.rollbacks_checkpoint += 1;
+            stats.replayed_tokens += keep as u64;
+        }
+    }
+    if let Some(id) = checkpoint {
+        mem.drop_checkpoint(id);
+    }
+    Ok(())
+}

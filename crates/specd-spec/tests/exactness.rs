@@ -1,0 +1,252 @@
+//! The property that sells specd: generated tokens are identical with and without speculation,
+//! for every drafter, every rollback path, every sampler, any number of parallel sequences.
+
+use proptest::prelude::*;
+use specd_memory::MemoryConfig;
+use specd_models::{Model, ModelOptions};
+use specd_sampling::SamplerParams;
+use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, StepEvent};
+use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+struct Models {
+    _dir: tempfile::TempDir,
+    hybrid: Arc<Model>,
+    repetitive: Arc<Model>,
+    llama: Arc<Model>,
+    draft: Arc<Model>,
+}
+
+fn models() -> &'static Models {
+    static M: OnceLock<Models> = OnceLock::new();
+    M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str, preset: Preset, style: WeightStyle, seed: u64| -> PathBuf {
+            let mut spec = TestModelSpec::preset(preset);
+            spec.style = style;
+            spec.seed = seed;
+            let p = dir.path().join(name);
+            write_model(&spec, &p).unwrap();
+            p
+        };
+        let opts = ModelOptions {
+            n_threads: 2,
+            n_ubatch: 64,
+        };
+        let load = |p: PathBuf| Arc::new(Model::load(p, opts.clone()).unwrap());
+        Models {
+            hybrid: load(make("h.gguf", Preset::Qwen35Tiny, WeightStyle::Varied, 1)),
+            repetitive: load(make(
+                "r.gguf",
+                Preset::Qwen35Tiny,
+                WeightStyle::Repetitive,
+                2,
+            )),
+            llama: load(make(
+                "l.gguf",
+                Preset::LlamaTiny,
+                WeightStyle::Repetitive,
+                3,
+            )),
+            draft: load(make(
+                "d.gguf",
+                Preset::Qwen35Tiny,
+                WeightStyle::Repetitive,
+                4,
+            )),
+            _dir: dir,
+        }
+    })
+}
+
+fn sampler(kind: usize, seed: u32) -> SamplerParams {
+    match kind {
+        0 => SamplerParams::greedy(),
+        1 => SamplerParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed,
+            ..SamplerParams::default()
+        },
+        2 => SamplerParams {
+            temperature: 1.2,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerParams::default()
+        },
+        _ => SamplerParams {
+            temperature: 0.7,
+            repeat_penalty: 1.3,
+            repeat_last_n: 16,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.2,
+            seed,
+            ..SamplerParams::default()
+        },
+    }
+}
+
+/// Runs all requests together in one engine; returns each sequence's tokens.
+fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -> Vec<Vec<u32>> {
+    let cfg = MemoryConfig {
+        n_ctx: 256,
+        max_seqs: 8,
+        ..Default::default()
+    };
+    let mut e = Engine::new(model.clone(), cfg, rollback);
+    let n = reqs.len();
+    for (i, r) in reqs.into_iter().enumerate() {
+        e.add(i as u32, r).unwrap();
+    }
+    let mut out: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    while out.len() < n {
+        for ev in e.step() {
+            match ev {
+                StepEvent::Finished { seq, output } => {
+                    out.insert(seq, output.tokens);
+                }
+                StepEvent::Failed { error, .. } => panic!("{error}"),
+                StepEvent::Tokens { .. } => {}
+            }
+        }
+    }
+    assert_eq!(
+        e.memory().usage().kv_cells,
+        0,
+        "finished sequences keep no memory"
+    );
+    out.into_values().collect()
+}
+
+const DRAFTERS: [&str; 9] = [
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+    "synthetic-right",
+    "synthetic-wrong",
+    "synthetic-half",
+    "draft-simple",
+];
+
+fn spec_for(name: &str, n_max: usize) -> SpecParams {
+    let mut p = SpecParams {
+        n_max,
+        adaptive: false,
+        ngram_n: 2,
+        ..SpecParams::default()
+    };
+    match name {
+        "synthetic-right" => {
+            p.drafters = vec![DrafterKind::Synthetic];
+            p.synth_rates = vec![1.0; n_max];
+        }
+        "synthetic-wrong" => {
+            p.drafters = vec![DrafterKind::Synthetic];
+            p.synth_rates = vec![0.0; n_max];
+        }
+        "synthetic-half" => {
+            p.drafters = vec![DrafterKind::Synthetic];
+            p.synth_rates = specd_spec::drafter::synthetic::rates_for_per_token(0.5, n_max);
+        }
+        "draft-simple" => {
+            p.drafters = vec![DrafterKind::DraftSimple];
+            p.p_min = 0.0;
+        }
+        other => p.drafters = vec![DrafterKind::parse(other).unwrap()],
+    }
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn speculative_equals_plain(
+        prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
+        drafter in 0usize..DRAFTERS.len(),
+        rollback in 0usize..3,
+        model_kind in 0usize..3,
+        samp in 0usize..4,
+        seed in 0u32..10_000,
+        n_max in 1usize..10,
+        adaptive in any::<bool>(),
+    ) {
+        let m = models();
+        let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, _ => &m.llama };
+        let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
+        let n_predict = 24;
+        let base: Vec<SequenceRequest> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut r = SequenceRequest::greedy(p.clone(), n_predict);
+                r.sampler = sampler(samp, seed + i as u32);
+                r.ignore_eos = true;
+                r
+            })
+            .collect();
+        let plain = run(model, base.clone(), RollbackKind::Fast);
+        let name = DRAFTERS[drafter];
+        let mut spec = spec_for(name, n_max);
+        spec.adaptive = adaptive;
+        let reqs: Vec<SequenceRequest> = base
+            .into_iter()
+            .zip(&plain)
+            .map(|(mut r, out)| {
+                let mut reference = r.prompt.clone();
+                reference.extend_from_slice(out);
+                r.reference = Some(Arc::new(reference));
+                r.spec = spec.clone();
+                r.draft_model = Some(m.draft.clone());
+                r
+            })
+            .collect();
+        let specd = run(model, reqs, rollback);
+        prop_assert_eq!(plain, specd, "drafter {} rollback {:?}", name, rollback);
+    }
+}
+
+#[test]
+fn always_right_drafts_are_all_accepted_and_always_wrong_none() {
+    let m = models();
+    let prompt = vec![5u32, 9, 14, 3];
+    let mut plain_req = SequenceRequest::greedy(prompt.clone(), 32);
+    plain_req.ignore_eos = true;
+    let plain = run(&m.hybrid, vec![plain_req], RollbackKind::Fast);
+    let mut reference = prompt.clone();
+    reference.extend_from_slice(&plain[0]);
+    for (rate, expect_all) in [(1.0f32, true), (0.0, false)] {
+        let mut r = SequenceRequest::greedy(prompt.clone(), 32);
+        r.ignore_eos = true;
+        r.reference = Some(Arc::new(reference.clone()));
+        r.spec = SpecParams {
+            drafters: vec![DrafterKind::Synthetic],
+            synth_rates: vec![rate; 4],
+            n_max: 4,
+            adaptive: false,
+            ..SpecParams::default()
+        };
+        let cfg = MemoryConfig {
+            n_ctx: 256,
+            max_seqs: 1,
+            ..Default::default()
+        };
+        let mut e = Engine::new(m.hybrid.clone(), cfg, RollbackKind::Fast);
+        let out = e.generate(0, r).unwrap();
+        assert_eq!(out.tokens, plain[0]);
+        if expect_all {
+            assert_eq!(out.stats.accepted_tokens, out.stats.draft_tokens);
+            assert!(out.stats.acceptance_length() > 4.5);
+        } else {
+            assert_eq!(out.stats.accepted_tokens, 0);
+            assert!(out.stats.rollbacks_fast > 0);
+        }
+    }
+}

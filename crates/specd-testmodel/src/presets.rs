@@ -1,0 +1,146 @@
+//! Named model shapes.
+
+use crate::{TestModelSpec, WeightStyle};
+use specd_gguf::TensorType;
+
+/// Architectures the generator writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestArch {
+    Qwen35,
+    Llama,
+}
+
+/// Named shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// qwen35, 4 layers (3 GDN + 1 attention), hidden 64, 2:1 value/key heads — fast tests.
+    Qwen35Tiny,
+    /// qwen35, 8 layers, hidden 256 — the size of shared/models' trained target.
+    Qwen35Small,
+    /// qwen35 at Qwen3.5-0.8B shape: 24 layers, hidden 1024, vocab 248320 — benchmarks.
+    Qwen35_0_8B,
+    /// llama, 2 layers, hidden 64.
+    LlamaTiny,
+    /// llama, 4 layers, hidden 256.
+    LlamaSmall,
+}
+
+impl Preset {
+    /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `llama-tiny`,
+    /// `llama-small`).
+    pub fn parse(s: &str) -> Option<Preset> {
+        Some(match s {
+            "qwen35-tiny" => Preset::Qwen35Tiny,
+            "qwen35-small" => Preset::Qwen35Small,
+            "qwen35-0.8b" | "qwen35-0.8B" => Preset::Qwen35_0_8B,
+            "llama-tiny" => Preset::LlamaTiny,
+            "llama-small" => Preset::LlamaSmall,
+            _ => return None,
+        })
+    }
+    /// All preset names.
+    pub const NAMES: [&'static str; 5] = [
+        "qwen35-tiny",
+        "qwen35-small",
+        "qwen35-0.8b",
+        "llama-tiny",
+        "llama-small",
+    ];
+}
+
+pub(crate) fn spec(p: Preset) -> TestModelSpec {
+    let base = TestModelSpec {
+        arch: TestArch::Qwen35,
+        name: String::new(),
+        n_vocab: 1024,
+        n_vocab_trained: 1021,
+        n_embd: 64,
+        n_layer: 4,
+        n_ff: 128,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 32,
+        n_rot: 8,
+        rope_base: 1e7,
+        rope_sections: [2, 1, 1, 0],
+        eps: 1e-6,
+        n_ctx_train: 4096,
+        ssm_conv_kernel: 4,
+        ssm_d_state: 16,
+        ssm_n_group: 2,
+        ssm_n_v_heads: 4,
+        full_attention_interval: 4,
+        mtp: false,
+        wtype: TensorType::F32,
+        style: WeightStyle::Varied,
+        seed: 42,
+    };
+    match p {
+        Preset::Qwen35Tiny => TestModelSpec {
+            name: "qwen35-tiny".into(),
+            ..base
+        },
+        Preset::Qwen35Small => TestModelSpec {
+            name: "qwen35-small".into(),
+            n_vocab: 4096,
+            n_vocab_trained: 4093,
+            n_embd: 256,
+            n_layer: 8,
+            n_ff: 768,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 16,
+            rope_sections: [3, 3, 2, 0],
+            ssm_d_state: 32,
+            ssm_n_group: 4,
+            ssm_n_v_heads: 8,
+            ..base
+        },
+        Preset::Qwen35_0_8B => TestModelSpec {
+            name: "qwen35-0.8b".into(),
+            n_vocab: 248_320,
+            n_vocab_trained: 8192,
+            n_embd: 1024,
+            n_layer: 24,
+            n_ff: 3584,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: 256,
+            n_rot: 64,
+            rope_sections: [11, 11, 10, 0],
+            n_ctx_train: 262_144,
+            ssm_d_state: 128,
+            ssm_n_group: 16,
+            ssm_n_v_heads: 16,
+            wtype: TensorType::Q8_0,
+            ..base
+        },
+        Preset::LlamaTiny => TestModelSpec {
+            arch: TestArch::Llama,
+            name: "llama-tiny".into(),
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_rot: 16,
+            rope_base: 10000.0,
+            n_layer: 2,
+            ..base
+        },
+        Preset::LlamaSmall => TestModelSpec {
+            arch: TestArch::Llama,
+            name: "llama-small".into(),
+            n_vocab: 4096,
+            n_vocab_trained: 4093,
+            n_embd: 256,
+            n_layer: 4,
+            n_ff: 768,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 64,
+            rope_base: 10000.0,
+            ..base
+        },
+    }
+}
