@@ -6,7 +6,7 @@ use clap::Args;
 use serde_json::json;
 use specd_memory::MemoryConfig;
 use specd_models::{Model, ModelOptions};
-use specd_sampling::SamplerParams;
+use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams};
 use specd_tokenizer::ChatMessage;
 use std::io::Write;
@@ -196,6 +196,58 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
+}
+
+/// Output constraints (llama.cpp names).
+#[derive(Args, Clone, Default)]
+pub struct GrammarArgs {
+    /// GBNF grammar the output must follow (start rule `root`).
+    #[arg(long = "grammar")]
+    pub grammar: Option<String>,
+    /// File with a GBNF grammar.
+    #[arg(long = "grammar-file")]
+    pub grammar_file: Option<PathBuf>,
+    /// JSON schema the output must follow (`{}` for any JSON object).
+    #[arg(short = 'j', long = "json-schema")]
+    pub json_schema: Option<String>,
+    /// File with a JSON schema.
+    #[arg(long = "json-schema-file")]
+    pub json_schema_file: Option<PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The constraint, if one was given (at most one may be).
+    pub fn spec(&self) -> Result<Option<GrammarSpec>> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let mut given = Vec::new();
+        if let Some(g) = &self.grammar {
+            given.push(GrammarSpec::Gbnf(g.clone()));
+        }
+        if let Some(p) = &self.grammar_file {
+            given.push(GrammarSpec::Gbnf(read(p)?));
+        }
+        for text in [
+            self.json_schema.clone(),
+            self.json_schema_file.as_ref().map(read).transpose()?,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let v: serde_json::Value =
+                serde_json::from_str(&text).context("the JSON schema is not valid JSON")?;
+            given.push(GrammarSpec::JsonSchema(v));
+        }
+        if given.len() > 1 {
+            bail!(
+                "give at most one of --grammar, --grammar-file, --json-schema, --json-schema-file"
+            );
+        }
+        Ok(given.pop())
+    }
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -241,6 +293,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         reference: None,
         draft_model: None,
         n_probs: a.n_probs,
+        grammar: a.grammar.spec()?,
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

@@ -38,8 +38,26 @@ pub enum GgufError {
     UnsupportedTensorType { name: String, ttype: String },
     #[error("tensor '{name}': unknown type id {id}")]
     UnknownTensorType { name: String, id: u32 },
-    #[error("tensor '{name}' data lies outside the file or is misaligned")]
-    TensorOutOfBounds { name: String },
+    /// The tensor's data range ends past the end of the file (truncated file or corrupt offset).
+    #[error(
+        "tensor '{name}': data [{start}, {end}) lies outside the file ({file_len} bytes; truncated?)"
+    )]
+    TensorOutOfBounds {
+        name: String,
+        /// Absolute byte range the tensor index claims (`end` saturates on overflow).
+        start: u64,
+        end: u64,
+        file_len: u64,
+    },
+    /// The tensor's offset is not a multiple of the file's data alignment.
+    #[error(
+        "tensor '{name}': data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
+    TensorMisaligned {
+        name: String,
+        offset: u64,
+        alignment: u64,
+    },
     #[error("duplicate tensor '{0}'")]
     DuplicateTensor(String),
     #[error("tensor '{name}': {detail}")]

@@ -196,4 +196,10 @@ fn _assert_layouts() {
     const _: () = assert!(size_of::<BlockQ6K>() == 210);
     const _: () = assert!(size_of::<BlockQ8_0>() == 34);
     const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+    const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+    const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+    const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+    const _: () = assert!(size_of::<BlockQ2K>() == 84);
+    const _: () = assert!(size_of::<BlockQ3K>() == 110);
+    const _: () = assert!(size_of::<BlockQ5K>() == 176);
 }

@@ -4,7 +4,7 @@
 use crate::quant::dequantize;
 use crate::value::{GgufValue, ValueType};
 use crate::{GgufError, TensorType, DEFAULT_ALIGNMENT, GGUF_MAGIC};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -154,12 +154,30 @@ impl<'a> Cursor<'a> {
             self.u64(what)?
         };
         if n.saturating_mul(min_item as u64) > self.remaining() as u64 {
-            return Err(GgufError::Invalid(format!(
-                "{}: count {n} exceeds the file size",
-                what()
-            )));
+            // The items cannot all be in the file: it is cut short (or the count is corrupt).
+            return Err(GgufError::Truncated {
+                what: format!(
+                    "{}: {n} items of at least {min_item} bytes, {} bytes left",
+                    what(),
+                    self.remaining()
+                ),
+            });
         }
         Ok(n as usize)
+    }
+    /// A section count (tensors, metadata entries) and the capacity to reserve for it. The count
+    /// is not checked against the bytes left: if the entries cannot all be in the file, reading
+    /// them fails at the exact entry that is cut, which names it. The capacity is bounded by what
+    /// the bytes left can hold, so a corrupt count cannot trigger a huge allocation.
+    fn section_count(
+        &mut self,
+        min_item: usize,
+        what: &dyn Fn() -> String,
+    ) -> Result<(usize, usize), GgufError> {
+        let n = self.u64(what)?;
+        let n = usize::try_from(n)
+            .map_err(|_| GgufError::Invalid(format!("{}: {n} does not fit in memory", what())))?;
+        Ok((n, n.min(self.remaining() / min_item)))
     }
     fn string(&mut self, v2: bool, what: &dyn Fn() -> String) -> Result<String, GgufError> {
         let n = self.count(v2, 1, what)?;
@@ -251,10 +269,13 @@ impl GgufFile {
             return Err(GgufError::UnsupportedVersion(version));
         }
         let v2 = false; // v2 and v3 both use 64-bit counts (v1 used 32-bit)
-        let n_tensors = c.count(v2, 24, &|| "tensor count".into())?;
-        let n_kv = c.count(v2, 12, &|| "metadata count".into())?;
-        let mut metadata = Vec::with_capacity(n_kv);
-        let mut index = HashMap::with_capacity(n_kv);
+                        // Minimum entry sizes: a tensor info is a name length (8), a dimension count (4), one
+                        // dimension (8), a type (4) and an offset (8); a metadata entry a key length (8) and a
+                        // type (4).
+        let (n_tensors, cap_tensors) = c.section_count(32, &|| "tensor count".into())?;
+        let (n_kv, cap_kv) = c.section_count(12, &|| "metadata count".into())?;
+        let mut metadata = Vec::with_capacity(cap_kv);
+        let mut index = HashMap::with_capacity(cap_kv);
         for i in 0..n_kv {
             let key = c.string(v2, &|| format!("key of metadata entry {i}"))?;
             let t_id = c.u32(&|| format!("type of '{key}'"))?;
@@ -282,10 +303,14 @@ impl GgufFile {
                 }
             },
         };
-        let mut tensors = Vec::with_capacity(n_tensors);
-        let mut tensor_index = HashMap::with_capacity(n_tensors);
+        let mut tensors = Vec::with_capacity(cap_tensors);
+        let mut tensor_index = HashMap::with_capacity(cap_tensors);
         for i in 0..n_tensors {
             let name = c.string(v2, &|| format!("name of tensor {i}"))?;
+            if name.is_empty() {
+                // Typically zeros where a tensor info should be: a corrupt tensor count.
+                return Err(GgufError::Invalid(format!("tensor {i} has an empty name")));
+            }
             let nd = c.u32(&|| format!("dimension count of '{name}'"))? as usize;
             if nd == 0 || nd > 4 {
                 return Err(GgufError::BadTensor {
@@ -338,18 +363,28 @@ impl GgufFile {
         }
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
         let file_len = b.len() as u64;
-        if data_start > file_len && n_tensors > 0 {
+        if let Some(first) = tensors.first().filter(|_| data_start > file_len) {
             return Err(GgufError::Truncated {
-                what: "tensor data".into(),
+                what: format!("the padding before the data of tensor '{}'", first.name),
             });
         }
         for t in &tensors {
-            let end = data_start
-                .checked_add(t.offset)
-                .and_then(|s| s.checked_add(t.n_bytes()));
-            if t.offset % alignment != 0 || end.is_none_or(|e| e > file_len) {
+            if t.offset % alignment != 0 {
+                return Err(GgufError::TensorMisaligned {
+                    name: t.name.clone(),
+                    offset: t.offset,
+                    alignment,
+                });
+            }
+            let start = data_start.saturating_add(t.offset);
+            let end = start.saturating_add(t.n_bytes());
+            // `end == u64::MAX` can only come from saturation: no file is that long.
+            if end > file_len || end == u64::MAX {
                 return Err(GgufError::TensorOutOfBounds {
                     name: t.name.clone(),
+                    start,
+                    end,
+                    file_len,
                 });
             }
         }
@@ -368,7 +403,6 @@ impl GgufFile {
                 });
             }
         }
-        let _ = HashSet::<()>::new();
         Ok(GgufFile {
             storage: Arc::new(storage),
             version,

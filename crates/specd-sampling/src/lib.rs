@@ -8,6 +8,9 @@
 //! ([`position_uniform`]), and the history can be rolled back with
 //! [`Sampler::truncate_history`] when draft tokens are rejected.
 //!
+//! An optional [`Grammar`] (llguidance: GBNF, Lark, JSON schema, regex) masks
+//! the logits before the chain and rolls back with the history.
+//!
 //! The chain mirrors llama.cpp's default order: penalties → top-k → typical
 //! → top-p → min-p → temperature → draw.
 //!
@@ -20,16 +23,20 @@
 //! let token = sampler.sample(&logits, 3);
 //! // Same position, same state: same token.
 //! assert_eq!(token, sampler.sample(&logits, 3));
-//! sampler.accept(token);
+//! sampler.accept(token).unwrap();
 //! ```
 
 mod chain;
+mod gbnf;
+mod grammar;
 mod history;
 mod logprobs;
 mod params;
 mod rng;
 mod sampler;
 
+pub use gbnf::gbnf_to_lark;
+pub use grammar::{Grammar, GrammarSpec, GrammarVocab};
 pub use logprobs::top_logprobs;
 pub use params::{SamplerParams, SamplingError, RANDOM_SEED};
 pub use rng::{draw, position_uniform};

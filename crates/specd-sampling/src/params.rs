@@ -23,6 +23,9 @@ pub enum SamplingError {
         /// Human-readable description of the accepted range.
         expected: &'static str,
     },
+    /// The grammar (GBNF, Lark, JSON schema or regex) is invalid or cannot be followed.
+    #[error("invalid grammar: {0}")]
+    Grammar(String),
 }
 
 /// Parameters of the sampler chain.

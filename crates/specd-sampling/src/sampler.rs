@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::fmt;
 
 use crate::chain::{argmax, clean, desc, filter, penalize, softmax, Cand, Work};
+use crate::grammar::Grammar;
 use crate::history::History;
 use crate::params::{SamplerParams, SamplingError};
 use crate::rng::{draw, draw_iter, position_uniform, resolve_seed};
@@ -36,6 +37,9 @@ pub struct Sampler {
     seed: u32,
     history: History,
     scratch: RefCell<Scratch>,
+    /// The output constraint; a `RefCell` because computing a mask advances the matcher's
+    /// internal caches while [`sample`](Self::sample) stays `&self`.
+    grammar: Option<RefCell<Grammar>>,
 }
 
 impl Sampler {
@@ -57,7 +61,35 @@ impl Sampler {
             seed: resolve_seed(params.seed),
             history,
             scratch: RefCell::new(Scratch::default()),
+            grammar: None,
         })
+    }
+
+    /// Constrains the output with `grammar` (compiled from [`GrammarVocab`](crate::GrammarVocab)).
+    pub fn with_grammar(mut self, grammar: Grammar) -> Self {
+        self.grammar = Some(RefCell::new(grammar));
+        self
+    }
+
+    /// True if a grammar constrains this sampler.
+    pub fn has_grammar(&self) -> bool {
+        self.grammar.is_some()
+    }
+
+    /// Tokens the grammar forces next (empty without a grammar).
+    pub fn grammar_forced_tokens(&self) -> Vec<u32> {
+        self.grammar
+            .as_ref()
+            .map(|g| g.borrow_mut().forced_tokens())
+            .unwrap_or_default()
+    }
+
+    /// How many leading tokens of `draft` the grammar allows (all without a grammar).
+    pub fn grammar_valid_prefix(&self, draft: &[u32]) -> usize {
+        match &self.grammar {
+            Some(g) => g.borrow_mut().valid_prefix(draft),
+            None => draft.len(),
+        }
     }
 
     /// The parameters as given (their `seed` may be
@@ -121,9 +153,14 @@ impl Sampler {
         }
     }
 
-    /// Appends a kept token to the history (and the penalty window).
-    pub fn accept(&mut self, token: u32) {
+    /// Appends a kept token to the history (and the penalty window) and advances the grammar.
+    /// A token the grammar cannot take is an error (the sampler never picks one).
+    pub fn accept(&mut self, token: u32) -> Result<(), SamplingError> {
+        if let Some(g) = &self.grammar {
+            g.borrow_mut().accept(token)?;
+        }
         self.history.push(token);
+        Ok(())
     }
 
     /// Prompt plus accepted tokens, oldest first.
@@ -138,21 +175,35 @@ impl Sampler {
 
     /// Drops tokens beyond the first `len` (rejected speculative tokens),
     /// restoring the penalty window exactly; no-op if `len >= history_len()`.
-    pub fn truncate_history(&mut self, len: usize) {
+    pub fn truncate_history(&mut self, len: usize) -> Result<(), SamplingError> {
+        let drop = self.history_len().saturating_sub(len);
+        if let Some(g) = &self.grammar {
+            g.borrow_mut().rollback(drop)?;
+        }
         self.history.truncate(len);
+        Ok(())
     }
 
-    /// Logits with penalties applied: `logits` itself when no penalty
-    /// applies, else a patched copy in `buf` (only the few tokens in the
-    /// window change, so a copy plus point updates beats a per-token lookup).
+    /// Logits with penalties and the grammar mask applied: `logits` itself
+    /// when neither applies, else a patched copy in `buf` (only the few tokens
+    /// in the window change, so a copy plus point updates beats a per-token
+    /// lookup; masked tokens become -inf).
     fn penalised<'a>(&self, logits: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
         let counts = self.history.counts();
         let applies = counts.keys().any(|&t| (t as usize) < logits.len());
-        if !applies {
+        if !applies && self.grammar.is_none() {
             return logits;
         }
         buf.clear();
         buf.extend_from_slice(logits);
+        if let Some(g) = &self.grammar {
+            let mask = g.borrow_mut().mask();
+            for (i, l) in buf.iter_mut().enumerate() {
+                if !mask.is_allowed(i as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         for (&t, &c) in counts {
             // Tokens outside this vocabulary (e.g. from a mismatched prompt)
             // have nothing to penalise.
@@ -211,6 +262,10 @@ impl Clone for Sampler {
             seed: self.seed,
             history: self.history.clone(),
             scratch: RefCell::new(Scratch::default()),
+            grammar: self
+                .grammar
+                .as_ref()
+                .map(|g| RefCell::new(g.borrow().clone())),
         }
     }
 }

@@ -96,7 +96,7 @@ fn rollback_resamples_identically() {
     let mut reference = Vec::new();
     for pos in start..start + 40 {
         let t = plain.sample(&step_logits(pos), pos);
-        plain.accept(t);
+        plain.accept(t).unwrap();
         reference.push(t);
     }
 
@@ -107,18 +107,18 @@ fn rollback_resamples_identically() {
         let len = spec.history_len();
         for d in 0..(i % 4) as u64 {
             let draft = (reference[i] + 1 + d as u32) % n_vocab as u32;
-            spec.accept(draft);
+            spec.accept(draft).unwrap();
             let _ = spec.sample(&step_logits(pos + d + 1), pos + d + 1);
         }
-        spec.truncate_history(len);
+        spec.truncate_history(len).unwrap();
         let t = spec.sample(&step_logits(pos), pos);
         assert_eq!(t, reference[i], "position {pos}");
-        spec.accept(t);
+        spec.accept(t).unwrap();
     }
     assert_eq!(spec.history(), plain.history());
     // Rolling back all generated tokens restores the first distribution.
     let first = Sampler::new(penalised(9), &prompt).unwrap();
-    spec.truncate_history(prompt.len());
+    spec.truncate_history(prompt.len()).unwrap();
     assert_eq!(
         spec.distribution(&step_logits(start)),
         first.distribution(&step_logits(start))
@@ -303,7 +303,7 @@ fn penalties_depend_on_window_contents_not_order() {
     let b = Sampler::new(params, &[9, 1, 1, 4, 2, 1]).unwrap();
     let mut c = Sampler::new(params, &[]).unwrap();
     for t in [2, 1, 1, 9, 1, 4] {
-        c.accept(t);
+        c.accept(t).unwrap();
     }
     let mut da = a.distribution(&l);
     let mut db = b.distribution(&l);
@@ -443,7 +443,7 @@ fn sampler_is_send_and_clone_keeps_state() {
     fn is_send<T: Send>() {}
     is_send::<Sampler>();
     let mut s = Sampler::new(penalised(11), &[1, 2]).unwrap();
-    s.accept(3);
+    s.accept(3).unwrap();
     let c = s.clone();
     assert_eq!(c.history(), [1, 2, 3]);
     let l = logits(50, 5, 2.0);

@@ -11,8 +11,9 @@ use crate::stats::SpecStats;
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
 use specd_models::{Batch, Model};
-use specd_sampling::{Sampler, SamplerParams};
+use specd_sampling::{GrammarSpec, GrammarVocab, Sampler, SamplerParams};
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -35,6 +36,8 @@ pub struct SequenceRequest {
     pub draft_model: Option<Arc<Model>>,
     /// Report the top `n_probs` log-probabilities (of the raw logits) of each generated token.
     pub n_probs: usize,
+    /// Constrain the output (GBNF, Lark, JSON schema, regex).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl SequenceRequest {
@@ -50,6 +53,7 @@ impl SequenceRequest {
             reference: None,
             draft_model: None,
             n_probs: 0,
+            grammar: None,
         }
     }
 }
@@ -94,6 +98,9 @@ pub struct SeqOutput {
     /// The stop string that ended it, if any.
     pub stop_word: Option<String>,
     pub n_prompt: usize,
+    /// Prompt tokens taken from the sequence's kept memory instead of being processed (prompt
+    /// reuse, see [`Engine::set_prompt_cache`]); `n_prompt - n_cached` were processed.
+    pub n_cached: usize,
     pub prompt_secs: f64,
     pub gen_secs: f64,
     pub stats: SpecStats,
@@ -115,6 +122,8 @@ struct GenSeq {
     /// Prompt + generated tokens; the last one is not yet in memory.
     tokens: Vec<u32>,
     n_prompt: usize,
+    /// Leading prompt tokens already in memory when the sequence started (prompt reuse).
+    n_cached: usize,
     generated: Vec<u32>,
     text: Vec<u8>,
     emitted_text: usize,
@@ -125,6 +134,8 @@ struct GenSeq {
     prompt_secs: f64,
     gen_start: Option<Instant>,
     probs: Vec<TokenProbs>,
+    /// This round's draft came from the grammar, not the drafters (no drafter feedback).
+    forced_round: bool,
 }
 
 /// Runs generations for many sequences; all sequences' rows of a step share one decode batch.
@@ -135,6 +146,14 @@ pub struct Engine {
     cost: CostModel,
     mod_table: Arc<Mutex<ModTable>>,
     rollback: RollbackKind,
+    /// Built on the first grammar request: indexing a large vocabulary costs tens of ms.
+    grammar_vocab: OnceLock<Arc<GrammarVocab>>,
+    /// Prompt reuse: finished sequences keep their memory (see [`Engine::set_prompt_cache`]).
+    keep_memory: bool,
+    /// Most prompt-end checkpoints kept per sequence (hybrid models).
+    max_prompt_checkpoints: usize,
+    /// Tokens held in memory by finished sequences whose memory was kept.
+    cached: BTreeMap<SeqId, Vec<u32>>,
 }
 
 impl Engine {
@@ -154,6 +173,10 @@ impl Engine {
             cost: CostModel::default(),
             mod_table: ModTable::new(1 << 20),
             rollback,
+            grammar_vocab: OnceLock::new(),
+            keep_memory: false,
+            max_prompt_checkpoints: 0,
+            cached: BTreeMap::new(),
         }
     }
 
@@ -198,9 +221,12 @@ impl Engine {
             )));
         }
         req.spec.validate().map_err(SpecError::Invalid)?;
-        let sampler = Sampler::new(req.sampler.clone(), &req.prompt)?;
+        let mut sampler = Sampler::new(req.sampler, &req.prompt)?;
+        if let Some(g) = &req.grammar {
+            sampler = sampler.with_grammar(self.grammar_vocab()?.compile(g)?);
+        }
         let chain = self.build_chain(&req)?;
-        self.mem.clear(seq);
+        let n_cached = self.reuse_prefix(seq, &req.prompt);
         let tokens = req.prompt.clone();
         let n_prompt = tokens.len();
         let controller = Controller::new(req.spec.n_max);
@@ -211,6 +237,7 @@ impl Engine {
                 sampler,
                 tokens,
                 n_prompt,
+                n_cached,
                 generated: Vec::new(),
                 text: Vec::new(),
                 emitted_text: 0,
@@ -221,15 +248,25 @@ impl Engine {
                 prompt_secs: 0.0,
                 gen_start: None,
                 probs: Vec::new(),
+                forced_round: false,
             },
         );
         Ok(())
     }
 
+    /// The grammar index of the model's vocabulary.
+    fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, SpecError> {
+        if let Some(v) = self.grammar_vocab.get() {
+            return Ok(v.clone());
+        }
+        let v = Arc::new(crate::grammar::vocab_for(self.model.tokenizer())?);
+        Ok(self.grammar_vocab.get_or_init(|| v).clone())
+    }
+
     /// Stops a sequence now and frees its memory.
     pub fn cancel(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
-        self.mem.clear(seq);
+        self.forget(seq);
     }
 
     fn build_chain(&self, req: &SequenceRequest) -> Result<Chain, SpecError> {
@@ -300,7 +337,9 @@ impl Engine {
             let mut batch = Batch::new();
             for id in &new {
                 let s = &self.seqs[id];
-                for (i, &t) in s.tokens[..s.tokens.len() - 1].iter().enumerate() {
+                // Tokens reused from kept memory (prompt cache) are already there.
+                let prefill = s.tokens[..s.tokens.len() - 1].iter().enumerate();
+                for (i, &t) in prefill.skip(s.n_cached) {
                     batch.push(t, i as u32, *id, false);
                 }
             }
@@ -318,6 +357,7 @@ impl Engine {
                             s.prefilled = true;
                             s.prompt_secs = secs;
                         }
+                        self.checkpoint_prompt(*id);
                     }
                 }
                 Err(_) => {
@@ -326,6 +366,9 @@ impl Engine {
                         let s = &self.seqs[&id];
                         let toks = s.tokens[..s.tokens.len() - 1].to_vec();
                         self.mem.clear(id);
+                        if let Some(s) = self.seqs.get_mut(&id) {
+                            s.n_cached = 0; // the retry processes the whole prompt
+                        }
                         let t0 = Instant::now();
                         let r = if toks.is_empty() {
                             Ok(())
@@ -340,6 +383,7 @@ impl Engine {
                                     s.prefilled = true;
                                     s.prompt_secs = t0.elapsed().as_secs_f64();
                                 }
+                                self.checkpoint_prompt(id);
                             }
                             Err(e) => {
                                 self.fail(id, e.to_string(), &mut events);
@@ -376,7 +420,19 @@ impl Engine {
                 .min(remaining.saturating_sub(1))
                 .min(room - 1);
             let mut draft = Vec::new();
-            if cap > 0 && !s.chain.is_empty() {
+            // Tokens the grammar forces are certain: draft them for free, ahead of any drafter.
+            // Only when speculation is on: "off" means one row per step, whatever the request.
+            let forced = if cap > 0 && s.req.spec.enabled() && s.sampler.has_grammar() {
+                s.sampler.grammar_forced_tokens()
+            } else {
+                Vec::new()
+            };
+            s.forced_round = !forced.is_empty();
+            if s.forced_round {
+                draft = forced;
+                draft.truncate(cap);
+                s.stats.grammar_forced_tokens += draft.len() as u64;
+            } else if cap > 0 && !s.chain.is_empty() {
                 match s.chain.draft(&s.tokens, cap) {
                     Ok(d) => draft = d,
                     Err(e) => {
@@ -385,6 +441,9 @@ impl Engine {
                     }
                 }
                 draft.truncate(cap);
+                // A draft token the grammar forbids can never be accepted: don't verify it.
+                let valid = s.sampler.grammar_valid_prefix(&draft);
+                draft.truncate(valid);
                 let n = if s.req.spec.adaptive {
                     s.controller
                         .choose(draft.len(), s.req.spec.n_min, &self.cost)
@@ -488,7 +547,11 @@ impl Engine {
         let mut new_probs = Vec::new();
         for (i, l) in logits.iter().enumerate() {
             let t = s.sampler.sample(l, (p + 1 + i) as u64);
-            s.sampler.accept(t);
+            if let Err(e) = s.sampler.accept(t) {
+                let msg = e.to_string();
+                self.fail(id, msg, events);
+                return;
+            }
             new_tokens.push(t);
             if s.req.n_probs > 0 {
                 new_probs.push(token_probs(l, t, s.req.n_probs));
@@ -502,6 +565,9 @@ impl Engine {
         if draft.is_empty() {
             s.stats.empty_draft_rounds += 1;
             s.controller.resolve_shadow(new_tokens[0]);
+        } else if s.forced_round {
+            // Grammar-forced drafts say nothing about the drafters or their acceptance rate.
+            s.stats.record_draft(draft.len(), k);
         } else {
             s.stats.record_draft(draft.len(), k);
             s.controller.observe(draft.len(), k);
@@ -592,7 +658,7 @@ impl Engine {
         events: &mut Vec<StepEvent>,
     ) {
         if let Some(s) = self.seqs.remove(&id) {
-            self.mem.clear(id);
+            self.retire_memory(id, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
             let output = SeqOutput {
                 text: String::from_utf8_lossy(&s.text).into_owned(),
@@ -600,6 +666,7 @@ impl Engine {
                 reason,
                 stop_word,
                 n_prompt: s.n_prompt,
+                n_cached: s.n_cached,
                 prompt_secs: s.prompt_secs,
                 gen_secs,
                 stats: s.stats,
@@ -611,8 +678,129 @@ impl Engine {
 
     fn fail(&mut self, id: SeqId, error: String, events: &mut Vec<StepEvent>) {
         self.seqs.remove(&id);
-        self.mem.clear(id);
+        self.forget(id);
         events.push(StepEvent::Failed { seq: id, error });
+    }
+
+    /// Prompt reuse across requests on the same sequence id (server slots). With `keep` on, a
+    /// finished sequence keeps its memory, and [`Engine::add`] on that id processes only the part
+    /// of the new prompt that its kept tokens do not already cover: the common prefix is kept
+    /// when memory can be cut there (attention KV truncation, or the last batch's recurrent
+    /// rollback record), otherwise a hybrid model's recurrent state is restored from the
+    /// checkpoint taken at the end of an earlier prompt (at most `max_checkpoints` per sequence,
+    /// within the memory's checkpoint byte budget); failing both, the prompt is processed from
+    /// the start. Off (the default): finished sequences free their memory. Turning it off frees
+    /// all kept memory.
+    pub fn set_prompt_cache(&mut self, keep: bool, max_checkpoints: usize) {
+        self.keep_memory = keep;
+        self.max_prompt_checkpoints = max_checkpoints;
+        if !keep {
+            for seq in std::mem::take(&mut self.cached).into_keys() {
+                self.mem.clear(seq);
+            }
+        }
+    }
+
+    /// Tokens a finished sequence left in its kept memory (prompt reuse), if any.
+    pub fn cached_tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        self.cached.get(&seq).map(Vec::as_slice)
+    }
+
+    /// Frees the memory a finished sequence kept (no effect on a running sequence).
+    pub fn forget(&mut self, seq: SeqId) {
+        if self.seqs.contains_key(&seq) {
+            return;
+        }
+        self.cached.remove(&seq);
+        self.mem.clear(seq);
+    }
+
+    /// Log-probabilities of the tokens a running sequence has emitted so far (requests with
+    /// `n_probs > 0`), for streaming them before the sequence finishes.
+    pub fn token_probs(&self, seq: SeqId) -> Option<&[TokenProbs]> {
+        self.seqs.get(&seq).map(|s| s.probs.as_slice())
+    }
+
+    /// Leaves `seq`'s memory holding a prefix of `prompt` (shorter than the prompt: its last
+    /// token is fed by the first round) and returns that prefix's length; memory is cleared
+    /// when nothing can be reused.
+    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
+        let cached = self.cached.remove(&seq);
+        let Some(cached) = cached.filter(|_| self.keep_memory) else {
+            self.mem.clear(seq);
+            return 0;
+        };
+        let common = cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len().saturating_sub(1));
+        let n_past = self.mem.n_past(seq);
+        if common > 0 && common == n_past {
+            return common;
+        }
+        // Cut memory back to the common prefix where it can be cut exactly.
+        if common > 0 && common < n_past && self.mem.remove_from(seq, common).is_ok() {
+            return common;
+        }
+        // Recurrent state cannot be truncated: restore the latest prompt-end checkpoint that
+        // lies within the common prefix.
+        let best = self
+            .mem
+            .checkpoints_of(seq)
+            .into_iter()
+            .filter(|&(_, pos)| pos > 0 && pos <= common)
+            .max_by_key(|&(_, pos)| pos);
+        if let Some((id, pos)) = best {
+            if self.mem.restore(seq, id).is_ok() {
+                return pos;
+            }
+        }
+        self.mem.clear(seq);
+        0
+    }
+
+    /// With prompt reuse on a hybrid model: checkpoints the recurrent state at the end of the
+    /// prompt just processed, so a later prompt that shares it but not what was generated after
+    /// it can restart there. Keeps the newest `max_prompt_checkpoints` per sequence.
+    fn checkpoint_prompt(&mut self, id: SeqId) {
+        if !self.keep_memory
+            || self.max_prompt_checkpoints == 0
+            || !self.model.memory_layout().is_hybrid()
+            || !self.seqs.contains_key(&id)
+        {
+            return;
+        }
+        let pos = self.mem.n_past(id);
+        let mut have = self.mem.checkpoints_of(id);
+        if pos == 0 || have.iter().any(|&(_, p)| p == pos) {
+            return;
+        }
+        // A full checkpoint budget only evicts older checkpoints, never fails the sequence.
+        if let Ok(Some(cp)) = self.mem.checkpoint(id) {
+            have.push((cp, pos));
+        }
+        while have.len() > self.max_prompt_checkpoints {
+            let (old, _) = have.remove(0);
+            self.mem.drop_checkpoint(old);
+        }
+    }
+
+    /// A finished sequence's memory: freed, or kept (holding `tokens`' prefix) for prompt reuse.
+    fn retire_memory(&mut self, id: SeqId, tokens: &[u32]) {
+        if !self.keep_memory {
+            self.mem.clear(id);
+            return;
+        }
+        // Accepted drafts past a stop can be in memory but not in `tokens`: cut them off.
+        let n_past = self.mem.n_past(id);
+        let keep = n_past.min(tokens.len());
+        if n_past > keep && self.mem.remove_from(id, keep).is_err() {
+            self.mem.clear(id);
+            return;
+        }
+        self.cached.insert(id, tokens[..keep].to_vec());
     }
 
     /// Runs one sequence to completion (convenience for the CLI and tests).

@@ -15,6 +15,7 @@
 pub mod controller;
 pub mod drafter;
 pub mod engine;
+pub mod grammar;
 pub mod params;
 pub mod rollback;
 pub mod stats;

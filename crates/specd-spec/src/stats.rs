@@ -29,6 +29,8 @@ pub struct SpecStats {
     pub replayed_tokens: u64,
     /// Histogram of chosen draft lengths (index = length).
     pub chosen_lengths: Vec<u64>,
+    /// Tokens drafted for free because the grammar forced them.
+    pub grammar_forced_tokens: u64,
 }
 
 impl SpecStats {

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use specd_memory::MemoryConfig;
 use specd_models::{Model, ModelOptions};
-use specd_sampling::SamplerParams;
+use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, StepEvent};
 use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::collections::BTreeMap;
@@ -165,6 +165,21 @@ fn spec_for(name: &str, n_max: usize) -> SpecParams {
     p
 }
 
+/// No grammar, or one that leaves the model real choices (so drafts are rejected too).
+fn grammar_spec(kind: usize) -> Option<GrammarSpec> {
+    match kind {
+        1 => Some(GrammarSpec::Gbnf(
+            "root ::= (word \" \")* \nword ::= [a-z_]+ | \"(\" | \")\" | [0-9]".into(),
+        )),
+        2 => Some(GrammarSpec::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+            "required": ["name", "count"]
+        }))),
+        _ => None,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
@@ -177,6 +192,7 @@ proptest! {
         seed in 0u32..10_000,
         n_max in 1usize..10,
         adaptive in any::<bool>(),
+        grammar in 0usize..4,
     ) {
         let m = models();
         let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, _ => &m.llama };
@@ -189,6 +205,7 @@ proptest! {
                 let mut r = SequenceRequest::greedy(p.clone(), n_predict);
                 r.sampler = sampler(samp, seed + i as u32);
                 r.ignore_eos = true;
+                r.grammar = grammar_spec(grammar);
                 r
             })
             .collect();

@@ -85,6 +85,7 @@ const EOG_TEXTS: [&str; 8] = [
 ];
 
 /// A byte-level BPE tokenizer with llama.cpp's special-token handling.
+#[derive(Clone)]
 pub struct Tokenizer {
     backend: Backend,
     tokens: Vec<String>,
@@ -297,6 +298,11 @@ impl Tokenizer {
     /// The id of a vocabulary entry.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.ids.get(text).copied()
+    }
+
+    /// The token that stands for the single byte `b` (every byte-level vocabulary has one).
+    pub fn byte_token(&self, b: u8) -> Option<u32> {
+        self.token_id(&bytes::encode(&[b]))
     }
 
     /// Encodes text. `add_special`: prepend BOS / append EOS as the file asks. `parse_special`:

@@ -1,0 +1,203 @@
+//! The endpoints that do not generate: health, models, props, slots, tokenize, detokenize,
+//! apply-template.
+
+use crate::error::{ApiError, ErrorKind, JsonBody};
+use crate::generate::{generation_settings, render_chat};
+use crate::params::Fields;
+use crate::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// `GET /health`: `{"status": "ok"}`, or 503 if the engine thread has stopped.
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.sched.alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped").into_response()
+    }
+}
+
+/// `GET /v1/models`: the one loaded model.
+pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let c = st.model.config();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.cfg.model_id,
+            "object": "model",
+            "created": st.started,
+            "owned_by": "specd",
+            "tags": st.cfg.tags,
+            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "meta": {
+                "vocab_type": 2,
+                "n_vocab": c.n_vocab,
+                "n_ctx_train": c.n_ctx_train,
+                "n_embd": c.n_embd,
+                "size": st.model.weight_bytes(),
+                "arch": c.arch.name(),
+            },
+        }],
+    }))
+}
+
+/// `GET /props`: server properties (llama-server's fields plus a `specd` object).
+pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let d = &st.cfg.defaults;
+    let settings = generation_settings(&st, &d.sampler, d.n_predict, &[], false, 0, &d.spec, false);
+    let snap = st.sched.snapshot();
+    let mem = &snap.memory;
+    Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": st.cfg.n_ctx_slot,
+            "speculative": d.spec.enabled(),
+            "is_processing": false,
+            "params": settings,
+            "prompt": "",
+        },
+        "total_slots": st.cfg.n_parallel,
+        "model_path": st.cfg.model_path,
+        "model_alias": st.cfg.model_id,
+        "chat_template": st.cfg.chat_template,
+        "chat_template_caps": {},
+        "modalities": {"vision": false, "audio": false},
+        "bos_token": st.model.tokenizer().bos_id().and_then(|i| st.model.tokenizer().token_text(i)),
+        "eos_token": st.model.tokenizer().eos_id().and_then(|i| st.model.tokenizer().token_text(i)),
+        "build_info": format!("specd {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+        "specd": {
+            "arch": st.model.config().arch.name(),
+            "n_ctx_slot": st.cfg.n_ctx_slot,
+            "kv_unified": st.cfg.kv_unified,
+            "rollback": st.cfg.rollback.name(),
+            "ctx_checkpoints": st.cfg.ctx_checkpoints,
+            "spec_types": d.spec.drafters.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "draft_model": st.cfg.draft_model.is_some(),
+            "memory": {
+                "kv_bytes": mem.kv_bytes,
+                "recurrent_bytes": mem.recurrent_bytes,
+                "rollback_bytes": mem.rollback_bytes,
+                "checkpoint_bytes": mem.checkpoint_bytes,
+                "checkpoints": mem.checkpoints,
+            },
+        },
+    }))
+}
+
+/// `GET /slots`: every slot's state (501 with `--no-slots`).
+pub async fn slots(State(st): State<Arc<AppState>>) -> Response {
+    if !st.cfg.slots {
+        return ApiError::new(
+            ErrorKind::NotSupported,
+            "This server does not support slots endpoint. Start it with `--slots`",
+        )
+        .into_response();
+    }
+    let snap = st.sched.snapshot();
+    let slots: Vec<Value> = snap
+        .slots
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "id_task": s.id_task.map_or(-1, |t| t as i64),
+                "n_ctx": st.cfg.n_ctx_slot,
+                "speculative": s.settings.get("speculative.types")
+                    .and_then(Value::as_array).is_some_and(|a| !a.is_empty()),
+                "is_processing": s.processing,
+                "params": s.settings,
+                "n_prompt_tokens": s.n_prompt,
+                "n_cached_tokens": s.n_cached,
+                "next_token": {
+                    "has_next_token": s.processing,
+                    "has_new_line": s.has_new_line,
+                    "n_remain": s.n_predict.map_or(-1, |n| n.saturating_sub(s.n_decoded) as i64),
+                    "n_decoded": s.n_decoded,
+                },
+            })
+        })
+        .collect();
+    Json(Value::Array(slots)).into_response()
+}
+
+/// `POST /tokenize`: `content`, `add_special` (false), `parse_special` (true), `with_pieces`.
+pub async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let f = Fields::of(&body);
+    let content = f
+        .str("content")?
+        .ok_or_else(|| ApiError::invalid("'content' is required").with("param", "content"))?;
+    let add_special = f.bool("add_special")?.unwrap_or(false);
+    let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
+    let tok = st.model.tokenizer();
+    let ids = tok
+        .encode(content, add_special, parse_special)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let tokens: Vec<Value> = if with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let bytes = tok.piece(id, true).unwrap_or_default();
+                // A piece that is not valid UTF-8 on its own is given as its bytes.
+                let piece = match String::from_utf8(bytes) {
+                    Ok(s) => Value::String(s),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// `POST /detokenize`: `tokens` → `content` (special tokens rendered, as llama-server does).
+pub async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let f = Fields::of(&body);
+    let ids: Vec<u32> = match f.get("tokens") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ApiError::invalid("'tokens' must be an array of token ids").with("param", "tokens")
+            })?,
+        Some(_) => {
+            return Err(
+                ApiError::invalid("'tokens' must be an array of token ids").with("param", "tokens")
+            )
+        }
+    };
+    let content = st
+        .model
+        .tokenizer()
+        .decode(&ids, true)
+        .map_err(|e| ApiError::invalid(e.to_string()).with("param", "tokens"))?;
+    Ok(Json(json!({ "content": content })))
+}
+
+/// `POST /apply-template`: `messages` → `prompt`, the chat template applied.
+pub async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let prompt = render_chat(&st, &Fields::of(&body))?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+/// Unknown paths: llama-server's 404 body.
+pub async fn not_found() -> ApiError {
+    ApiError::new(ErrorKind::NotFound, "File Not Found")
+}

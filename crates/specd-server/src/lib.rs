@@ -1,0 +1,254 @@
+//! specd's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`) and llama-server's own endpoints (`/completion`, `/tokenize`, `/detokenize`,
+//! `/apply-template`, `/props`, `/slots`, `/metrics`, `/health`), with the same field names,
+//! defaults and error shapes, so existing clients and scripts work unchanged.
+//!
+//! * [`scheduler`]: one engine thread owns the [`specd_spec::Engine`]; all busy slots advance
+//!   together in one step (continuous batching), requests queue FIFO when every slot is busy,
+//!   a slot whose client disconnects is cancelled at once, and a slot keeps its memory between
+//!   requests so a follow-up prompt only processes what is new (prompt reuse).
+//! * [`params`]: request fields → generation parameters (strictly typed: a wrong type is a 400).
+//! * [`error`]: `{"error": {"code", "message", "type"}}` bodies for every failure, malformed JSON
+//!   included.
+//!
+//! The server holds no speculative logic: it hands requests to the engine and formats what
+//! comes back.
+
+mod api;
+pub mod error;
+mod generate;
+mod metrics;
+pub mod params;
+pub mod scheduler;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use error::{ApiError, ErrorKind};
+use params::Defaults;
+use scheduler::Scheduler;
+use specd_memory::MemoryConfig;
+use specd_models::Model;
+use specd_spec::RollbackKind;
+use specd_tokenizer::ChatTemplate;
+use std::sync::Arc;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+/// Everything the server is configured with (the `specd serve` command line).
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Listen address and port (0: any free port; the bound address is printed).
+    pub host: String,
+    pub port: u16,
+    /// Parallel slots (sequences generating at once).
+    pub n_parallel: usize,
+    /// Context of each slot, in tokens.
+    pub n_ctx_slot: usize,
+    /// Accepted API keys (empty: no authentication).
+    pub api_keys: Vec<String>,
+    /// Serve `/metrics`.
+    pub metrics: bool,
+    /// Serve `/slots`.
+    pub slots: bool,
+    /// The model id shown by `/v1/models` and in responses (`--alias`, else the model path).
+    pub model_id: String,
+    /// Path of the model file.
+    pub model_path: String,
+    /// `--tags`.
+    pub tags: Vec<String>,
+    /// Request defaults from the command line.
+    pub defaults: Defaults,
+    /// Jinja source of the chat template in use.
+    pub chat_template: String,
+    /// Allowed CORS origins: `*` (any, reflected with credentials, like llama-server),
+    /// `localhost`, or a list.
+    pub cors_origins: Vec<String>,
+    /// Most bytes of a request body.
+    pub body_limit: usize,
+    /// Recurrent-state rollback of the engine.
+    pub rollback: RollbackKind,
+    /// Prompt-end checkpoints kept per slot for prompt reuse (`--ctx-checkpoints`).
+    pub ctx_checkpoints: usize,
+    /// `--kv-unified`: each slot may use the whole context (memory is allocated on demand).
+    pub kv_unified: bool,
+    /// Draft model for `draft-simple`.
+    pub draft_model: Option<Arc<Model>>,
+    /// Log each request.
+    pub verbose: bool,
+}
+
+/// Shared state of the HTTP handlers.
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub model: Arc<Model>,
+    pub template: ChatTemplate,
+    pub sched: Scheduler,
+    /// Unix time the server started (`created` of `/v1/models`).
+    pub started: u64,
+}
+
+impl AppState {
+    /// Starts the engine thread and compiles the chat template.
+    pub fn new(cfg: ServerConfig, model: Arc<Model>) -> Result<Arc<Self>, String> {
+        let tok = model.tokenizer();
+        let bos = tok
+            .bos_id()
+            .and_then(|i| tok.token_text(i))
+            .unwrap_or("")
+            .to_string();
+        let eos = tok
+            .eos_id()
+            .and_then(|i| tok.token_text(i))
+            .unwrap_or("")
+            .to_string();
+        let template = ChatTemplate::with_special_tokens(&cfg.chat_template, &bos, &eos)
+            .map_err(|e| format!("chat template: {e}"))?;
+        let mem_cfg = MemoryConfig {
+            n_ctx: cfg.n_ctx_slot,
+            max_seqs: cfg.n_parallel,
+            // Drafts up to the default n_max roll back without checkpoints.
+            rollback_window: (cfg.defaults.spec.n_max + 1).max(17),
+            ..MemoryConfig::default()
+        };
+        let sched = Scheduler::start(model.clone(), mem_cfg, cfg.rollback, cfg.ctx_checkpoints)
+            .map_err(|e| format!("starting the engine thread: {e}"))?;
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Arc::new(AppState {
+            cfg,
+            model,
+            template,
+            sched,
+            started,
+        }))
+    }
+}
+
+/// Endpoints that need no API key (as in llama-server).
+const PUBLIC_PATHS: [&str; 4] = ["/health", "/v1/health", "/models", "/v1/models"];
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if st.cfg.api_keys.is_empty()
+        || req.method() == Method::OPTIONS
+        || PUBLIC_PATHS.contains(&req.uri().path())
+    {
+        return next.run(req).await;
+    }
+    let h = req.headers();
+    let key = h
+        .get(header::AUTHORIZATION)
+        .or_else(|| h.get("x-api-key"))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    match key {
+        Some(k) if st.cfg.api_keys.iter().any(|a| a == k) => next.run(req).await,
+        _ => {
+            tracing::warn!(path = %req.uri().path(), "unauthorized: invalid API key");
+            ApiError::new(ErrorKind::Authentication, "Invalid API Key").into_response()
+        }
+    }
+}
+
+async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if !st.cfg.verbose {
+        return next.run(req).await;
+    }
+    let (m, p) = (req.method().clone(), req.uri().path().to_string());
+    let t0 = std::time::Instant::now();
+    let res = next.run(req).await;
+    eprintln!(
+        "request: {m} {p} -> {} ({:.1} ms)",
+        res.status().as_u16(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    res
+}
+
+fn cors(origins: &[String]) -> CorsLayer {
+    let allow = if origins.is_empty() || origins.iter().any(|o| o == "*") {
+        // llama-server reflects any Origin with credentials allowed.
+        AllowOrigin::mirror_request()
+    } else {
+        let list: Vec<String> = origins.to_vec();
+        AllowOrigin::predicate(move |origin: &HeaderValue, _| {
+            let Ok(o) = origin.to_str() else {
+                return false;
+            };
+            list.iter().any(|a| {
+                a == o
+                    || (a == "localhost" && {
+                        let host = o.split("://").nth(1).unwrap_or(o);
+                        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+                        matches!(host, "localhost" | "127.0.0.1" | "[::1]")
+                    })
+            })
+        })
+    };
+    CorsLayer::new()
+        .allow_origin(allow)
+        .allow_credentials(true)
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
+}
+
+/// The HTTP routes.
+pub fn router(st: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(api::health))
+        .route("/v1/health", get(api::health))
+        .route("/models", get(api::models))
+        .route("/v1/models", get(api::models))
+        .route("/props", get(api::props))
+        .route("/slots", get(api::slots))
+        .route("/metrics", get(metrics::metrics))
+        .route("/tokenize", post(api::tokenize))
+        .route("/detokenize", post(api::detokenize))
+        .route("/apply-template", post(api::apply_template))
+        .route("/completion", post(generate::completion))
+        .route("/completions", post(generate::completion))
+        .route("/v1/completions", post(generate::oai_completion))
+        .route("/chat/completions", post(generate::chat))
+        .route("/v1/chat/completions", post(generate::chat))
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            log_requests,
+        ))
+        .layer(DefaultBodyLimit::max(st.cfg.body_limit))
+        .layer(cors(&st.cfg.cors_origins))
+        .with_state(st)
+}
+
+/// Serves until Ctrl-C / SIGTERM.
+pub async fn serve(st: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    axum::serve(listener, router(st))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("specd: shutting down");
+}

@@ -1,0 +1,465 @@
+//! Request fields → generation parameters. Field names and defaults follow llama-server's
+//! `/completion` and the OpenAI API; a field of the wrong type is a 400 naming the field (not
+//! silently replaced by its default, as llama-server does).
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+use specd_sampling::{GrammarSpec, SamplerParams, RANDOM_SEED};
+use specd_spec::{DrafterKind, SpecParams};
+
+/// Typed access to the members of a JSON request object.
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+fn type_error(key: &str, what: &str) -> ApiError {
+    ApiError::invalid(format!("'{key}' must be {what}")).with("param", key)
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of a request body (an object: [`crate::error::JsonBody`] checks it).
+    pub fn of(v: &'a Value) -> Self {
+        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+        Fields(v.as_object().unwrap_or_else(|| EMPTY.get_or_init(Map::new)))
+    }
+    /// A member; `null` counts as absent (clients send `"stop": null`).
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+    /// A number.
+    pub fn f64(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| type_error(key, "a number")),
+        }
+    }
+    /// A number, as f32.
+    pub fn f32(&self, key: &str) -> Result<Option<f32>, ApiError> {
+        Ok(self.f64(key)?.map(|v| v as f32))
+    }
+    /// An integer (a float with no fraction is accepted: some clients send `64.0`).
+    pub fn i64(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                if let Some(i) = v.as_i64() {
+                    return Ok(Some(i));
+                }
+                match v.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(Some(f as i64)),
+                    _ => Err(type_error(key, "an integer")),
+                }
+            }
+        }
+    }
+    /// A non-negative integer.
+    pub fn usize(&self, key: &str) -> Result<Option<usize>, ApiError> {
+        match self.i64(key)? {
+            None => Ok(None),
+            Some(i) if i >= 0 => Ok(Some(i as usize)),
+            Some(_) => Err(type_error(key, "a non-negative integer")),
+        }
+    }
+    /// A boolean.
+    pub fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| type_error(key, "a boolean")),
+        }
+    }
+    /// A string.
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| type_error(key, "a string")),
+        }
+    }
+    /// An object.
+    pub fn object(&self, key: &str) -> Result<Option<Fields<'a>>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(Fields(o))),
+            Some(_) => Err(type_error(key, "an object")),
+        }
+    }
+    /// A string or an array of strings (`stop`).
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(vec![s.clone()])),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| type_error(key, "a string or an array of strings")),
+            Some(_) => Err(type_error(key, "a string or an array of strings")),
+        }
+    }
+}
+
+/// Server-wide defaults of a generation (from the command line).
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// Tokens to generate; `None`: until end of generation or the context is full.
+    pub n_predict: Option<usize>,
+    pub sampler: SamplerParams,
+    pub spec: SpecParams,
+    /// `cache_prompt` default.
+    pub cache_prompt: bool,
+}
+
+/// What a request asks of a generation, besides its prompt.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub sampler: SamplerParams,
+    /// `None`: until end of generation or the context is full.
+    pub n_predict: Option<usize>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Top log-probabilities to report per token (0 = none).
+    pub n_probs: usize,
+    /// Report the chosen tokens' log-probabilities (OpenAI `logprobs: true` with
+    /// `top_logprobs: 0` still reports the chosen token's).
+    pub logprobs: bool,
+    pub spec: SpecParams,
+    pub stream: bool,
+    pub cache_prompt: bool,
+    pub return_tokens: bool,
+    /// A specific slot (`id_slot`), or any.
+    pub id_slot: Option<usize>,
+    pub grammar: Option<GrammarSpec>,
+}
+
+/// Which API the request came through (their field names differ a little).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// llama.cpp `/completion`.
+    Llama,
+    /// OpenAI `/v1/completions`.
+    OaiCompletion,
+    /// OpenAI `/v1/chat/completions`.
+    OaiChat,
+}
+
+/// Reads the generation parameters of a request body.
+pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiError> {
+    let mut s = d.sampler;
+    if let Some(v) = f.f32("temperature")? {
+        s.temperature = v;
+    }
+    if let Some(v) = f.i64("top_k")? {
+        s.top_k = i32::try_from(v).map_err(|_| type_error("top_k", "a 32-bit integer"))?;
+    }
+    if let Some(v) = f.f32("top_p")? {
+        s.top_p = v;
+    }
+    if let Some(v) = f.f32("min_p")? {
+        s.min_p = v;
+    }
+    if let Some(v) = f.f32("typical_p")? {
+        s.typical_p = v;
+    }
+    if let Some(v) = f.f32("repeat_penalty")? {
+        s.repeat_penalty = v;
+    }
+    if let Some(v) = f.i64("repeat_last_n")? {
+        s.repeat_last_n =
+            i32::try_from(v).map_err(|_| type_error("repeat_last_n", "a 32-bit integer"))?;
+    }
+    if let Some(v) = f.f32("presence_penalty")? {
+        s.presence_penalty = v;
+    }
+    if let Some(v) = f.f32("frequency_penalty")? {
+        s.frequency_penalty = v;
+    }
+    if let Some(v) = f.i64("seed")? {
+        s.seed = match v {
+            -1 => RANDOM_SEED,
+            0..=0xFFFF_FFFF => v as u32,
+            _ => {
+                return Err(type_error(
+                    "seed",
+                    "-1 (random) or an integer in [0, 4294967295]",
+                ))
+            }
+        };
+    }
+    s.validate().map_err(|e| ApiError::invalid(e.to_string()))?;
+
+    // Token budget: llama.cpp's n_predict (-1 = unlimited), OpenAI's max_tokens and
+    // max_completion_tokens; the first one given wins.
+    let mut n_predict = d.n_predict;
+    for key in ["n_predict", "max_completion_tokens", "max_tokens"] {
+        if let Some(v) = f.i64(key)? {
+            n_predict = match v {
+                -1 => None,
+                v if v >= 0 => Some(v as usize),
+                _ => return Err(type_error(key, "-1 (unlimited) or a non-negative integer")),
+            };
+            break;
+        }
+    }
+
+    let stop = f.strings("stop")?.unwrap_or_default();
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+
+    // Log-probabilities: llama.cpp n_probs; OpenAI chat logprobs (bool) + top_logprobs;
+    // OpenAI completions logprobs (int).
+    let mut n_probs = f.usize("n_probs")?.unwrap_or(0);
+    let mut logprobs = n_probs > 0;
+    match api {
+        Api::OaiChat => {
+            if f.bool("logprobs")?.unwrap_or(false) {
+                logprobs = true;
+                n_probs = f.usize("top_logprobs")?.unwrap_or(0);
+                if n_probs > 20 {
+                    return Err(type_error("top_logprobs", "an integer in [0, 20]"));
+                }
+            } else if f.get("top_logprobs").is_some() {
+                return Err(
+                    ApiError::invalid("'top_logprobs' requires 'logprobs' to be true")
+                        .with("param", "top_logprobs"),
+                );
+            }
+        }
+        Api::OaiCompletion => {
+            if let Some(n) = f.usize("logprobs")? {
+                logprobs = true;
+                n_probs = n;
+            }
+        }
+        Api::Llama => {}
+    }
+    if n_probs > 100 {
+        return Err(type_error("n_probs", "an integer in [0, 100]"));
+    }
+
+    let spec = parse_spec(f, &d.spec)?;
+    let grammar = parse_grammar(f)?;
+    let id_slot = match f.i64("id_slot")? {
+        None | Some(-1) => None,
+        Some(i) if i >= 0 => Some(i as usize),
+        Some(_) => return Err(type_error("id_slot", "-1 (any) or a slot index")),
+    };
+    if let Some(n) = f.i64("n")? {
+        if n != 1 {
+            return Err(
+                ApiError::invalid("only one choice ('n': 1) is supported").with("param", "n")
+            );
+        }
+    }
+    Ok(GenParams {
+        sampler: s,
+        n_predict,
+        stop,
+        ignore_eos,
+        n_probs,
+        logprobs,
+        spec,
+        stream: f.bool("stream")?.unwrap_or(false),
+        cache_prompt: f.bool("cache_prompt")?.unwrap_or(d.cache_prompt),
+        return_tokens: f.bool("return_tokens")?.unwrap_or(false),
+        id_slot,
+        grammar,
+    })
+}
+
+/// Per-request speculation: llama.cpp's flat `"speculative.n_max"` keys, or a nested
+/// `"speculative": {"n_max", "n_min", "p_min", "type", "enabled"}` object.
+fn parse_spec(f: &Fields, base: &SpecParams) -> Result<SpecParams, ApiError> {
+    let mut p = base.clone();
+    let nested = f.object("speculative")?;
+    let get = |short: &str| -> Option<(String, &Value)> {
+        let flat = format!("speculative.{short}");
+        if let Some(v) = f.get(&flat) {
+            return Some((flat, v));
+        }
+        nested
+            .as_ref()
+            .and_then(|n| n.get(short))
+            .map(|v| (flat, v))
+    };
+    let as_usize = |(k, v): (String, &Value)| -> Result<usize, ApiError> {
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| type_error(&k, "a non-negative integer"))
+    };
+    if let Some(kv) = get("n_max") {
+        p.n_max = as_usize(kv)?;
+    }
+    if let Some(kv) = get("n_min") {
+        p.n_min = as_usize(kv)?;
+    }
+    if let Some((k, v)) = get("p_min") {
+        p.p_min = v.as_f64().ok_or_else(|| type_error(&k, "a number"))? as f32;
+    }
+    if let Some((k, v)) = get("type") {
+        let list = match v {
+            Value::String(s) => s.clone(),
+            Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| type_error(&k, "a string or an array of strings"))?
+                .join(","),
+            _ => return Err(type_error(&k, "a string or an array of strings")),
+        };
+        p.drafters = if list.trim() == "none" {
+            Vec::new()
+        } else {
+            DrafterKind::parse_list(&list).map_err(|e| ApiError::invalid(e).with("param", k))?
+        };
+    }
+    if let Some((k, v)) = get("enabled") {
+        if !v.as_bool().ok_or_else(|| type_error(&k, "a boolean"))? {
+            p.drafters.clear();
+        }
+    }
+    p.validate()
+        .map_err(|e| ApiError::invalid(format!("speculative: {e}")))?;
+    Ok(p)
+}
+
+/// `grammar` (GBNF), `json_schema`, or OpenAI `response_format`.
+fn parse_grammar(f: &Fields) -> Result<Option<GrammarSpec>, ApiError> {
+    if let Some(g) = f.str("grammar")? {
+        if !g.trim().is_empty() {
+            return Ok(Some(GrammarSpec::Gbnf(g.to_string())));
+        }
+    }
+    if let Some(s) = f.get("json_schema") {
+        if !s.is_object() && !s.is_boolean() {
+            return Err(type_error("json_schema", "a JSON schema (an object)"));
+        }
+        return Ok(Some(GrammarSpec::JsonSchema(s.clone())));
+    }
+    let Some(rf) = f.object("response_format")? else {
+        return Ok(None);
+    };
+    match rf.str("type")? {
+        None | Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(match rf.get("schema") {
+            Some(s) => GrammarSpec::JsonSchema(s.clone()),
+            None => GrammarSpec::JsonObject,
+        })),
+        Some("json_schema") => {
+            // OpenAI: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}};
+            // llama.cpp also takes {"type": "json_schema", "schema": {...}}.
+            let schema = rf
+                .object("json_schema")?
+                .and_then(|j| j.get("schema"))
+                .or_else(|| rf.get("schema"))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format of type json_schema needs 'json_schema.schema'",
+                    )
+                    .with("param", "response_format")
+                })?;
+            if !schema.is_object() && !schema.is_boolean() {
+                return Err(type_error(
+                    "response_format.json_schema.schema",
+                    "an object",
+                ));
+            }
+            Ok(Some(GrammarSpec::JsonSchema(schema.clone())))
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "response_format type '{other}' is not supported (text, json_object, json_schema)"
+        ))
+        .with("param", "response_format")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            n_predict: None,
+            sampler: SamplerParams::default(),
+            spec: SpecParams {
+                drafters: vec![DrafterKind::NgramSimple],
+                ..SpecParams::default()
+            },
+            cache_prompt: true,
+        }
+    }
+
+    #[test]
+    fn reads_llama_fields() {
+        let body = json!({"temperature": 0, "top_k": 5, "n_predict": 7, "seed": 42,
+            "stop": "\n", "speculative.n_max": 4, "n_probs": 3});
+        let g = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap();
+        assert_eq!(g.sampler.temperature, 0.0);
+        assert_eq!(g.sampler.top_k, 5);
+        assert_eq!(g.sampler.seed, 42);
+        assert_eq!(g.n_predict, Some(7));
+        assert_eq!(g.stop, vec!["\n".to_string()]);
+        assert_eq!(g.spec.n_max, 4);
+        assert_eq!(g.n_probs, 3);
+        assert!(g.cache_prompt);
+    }
+
+    #[test]
+    fn switches_speculation_off() {
+        for body in [
+            json!({"speculative": {"enabled": false}}),
+            json!({"speculative.type": "none"}),
+            json!({"speculative": {"type": []}}),
+        ] {
+            let g = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap();
+            assert!(!g.spec.enabled(), "{body}");
+        }
+        let body = json!({"speculative.type": ["ngram-mod", "ngram-simple"]});
+        let g = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap();
+        assert_eq!(
+            g.spec.drafters,
+            vec![DrafterKind::NgramMod, DrafterKind::NgramSimple]
+        );
+    }
+
+    #[test]
+    fn rejects_wrong_types_naming_the_field() {
+        for (body, field) in [
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"n_predict": 1.5}), "n_predict"),
+            (json!({"stop": [1, 2]}), "stop"),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"speculative.n_max": -1}), "speculative.n_max"),
+            (json!({"seed": -5}), "seed"),
+            (json!({"top_p": 2.0}), "top_p"),
+        ] {
+            let e = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap_err();
+            assert!(e.message.contains(field), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn openai_fields() {
+        let body = json!({"max_tokens": 9, "logprobs": true, "top_logprobs": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}});
+        let g = parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).unwrap();
+        assert_eq!(g.n_predict, Some(9));
+        assert!(g.logprobs);
+        assert_eq!(g.n_probs, 2);
+        assert_eq!(
+            g.grammar,
+            Some(GrammarSpec::JsonSchema(json!({"type": "object"})))
+        );
+        let body = json!({"response_format": {"type": "json_object"}});
+        let g = parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).unwrap();
+        assert_eq!(g.grammar, Some(GrammarSpec::JsonObject));
+        let body = json!({"n": 2});
+        assert!(parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).is_err());
+    }
+}
