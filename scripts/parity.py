@@ -26,7 +26,7 @@ Usage: python3 scripts/parity.py [--llama-bin DIR] [--specd PATH] [--tokens 64] 
 Needs llama.cpp built by ../shared/tools/build-llamacpp.sh (default location is used) and a built
 specd (`cargo build -p specd`; target/release/specd is preferred when present).
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, shutil, subprocess, sys, tempfile, time, urllib.request
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -44,6 +44,12 @@ MODELS = [
     ("qwen35-code-target (trained)", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                   "shared", "models", "qwen35-code-target-f32.gguf")),
 ]
+# With --big: the Qwen3.5-0.8B shape (24 layers, hidden 1024, head dim 256, 64 rotary dims with
+# sections [11,11,10,0], vocab 248320) in F32 — 4 GB, ~30 s to write.
+BIG_MODELS = [("qwen35-0.8b", ["--preset", "qwen35-0.8b", "--type", "f32"])]
+# With --load-check: every test-model variant must load and generate in llama.cpp (llama-simple).
+LOAD_PRESETS = ["qwen35-tiny", "qwen35-small", "qwen35-0.8b", "llama-tiny", "llama-small"]
+LOAD_TYPES = ["f32", "f16", "q8_0"]
 SERVER_FLAGS = ["-c", "2048", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-np", "1", "--no-warmup"]
 N_PROBS = 5
 
@@ -123,6 +129,32 @@ def compare(ltoks, lprobs, stoks, sprobs):
     return same, compared, worst_abs, worst_rel, min_margin, top1_same
 
 
+def load_check(bin_dir, specd, tmp):
+    """Writes every test-model variant and runs it in llama-simple; returns markdown table rows."""
+    rows, ok_all = [], True
+    for preset in LOAD_PRESETS:
+        for wtype in LOAD_TYPES:
+            variants = [("varied", [])]
+            if preset.endswith("tiny"):
+                variants.append(("repetitive (tied head)", ["--style", "repetitive"]))
+            if preset.startswith("qwen35"):
+                variants.append(("varied + MTP block", ["--mtp"]))
+            for vname, extra in variants:
+                path = os.path.join(tmp, "load-check.gguf")
+                subprocess.check_call([specd, "make-test-model", "--preset", preset, "--type", wtype, *extra,
+                                       "-o", path], stderr=subprocess.DEVNULL)
+                p = subprocess.run([os.path.join(bin_dir, "llama-simple"), "-m", path, "-n", "8", "def main():"],
+                                   capture_output=True, text=True, timeout=600)
+                # llama-simple stops early at an end-of-generation token: any generated token counts.
+                m = re.search(r"decoded (\d+) tokens", p.stderr)
+                ok = p.returncode == 0 and m is not None and int(m.group(1)) > 0
+                ok_all &= ok
+                rows.append(f"| {preset} | {wtype} | {vname} | {'yes' if ok else 'NO (rc ' + str(p.returncode) + ')'} |")
+                print(rows[-1], flush=True)
+                os.remove(path)
+    return rows, ok_all
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-bin", default=os.path.expanduser("~/.cache/specd-peer/llama.cpp/bin"))
@@ -130,6 +162,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", default="PARITY.md")
     ap.add_argument("--port", type=int, default=18089)
+    ap.add_argument("--big", action="store_true", help="also compare on the 0.8B-shape model in F32 (4 GB)")
+    ap.add_argument("--load-check", action="store_true",
+                    help="also check that every test-model variant loads and runs in llama.cpp")
     a = ap.parse_args()
     if a.specd is None:
         a.specd = next((p for p in ["target/release/specd", "target/debug/specd"] if os.path.exists(p)), None)
@@ -144,7 +179,8 @@ def main():
     specd_cmd = a.specd
     a.specd = shutil.copy2(a.specd, os.path.join(tmp, "specd"))
     lines = ["# Parity with llama.cpp", "",
-             f"Command: `python3 scripts/parity.py --specd {specd_cmd} --tokens {a.tokens}`", "",
+             f"Command: `python3 scripts/parity.py --specd {specd_cmd} --tokens {a.tokens}"
+             f"{' --big' if a.big else ''}{' --load-check' if a.load_check else ''}`", "",
              f"* llama.cpp ({'; '.join(version)}; built by `../shared/tools/build-llamacpp.sh`): "
              f"`llama-server {' '.join(SERVER_FLAGS)}`, then per prompt `/tokenize` and `/completion` with "
              f"`temperature 0, n_probs {N_PROBS}, cache_prompt false, ignore_eos`.",
@@ -164,7 +200,7 @@ def main():
              "| model | prompt | tokenization | greedy ids equal | steps | max Δ logprob | max rel | min margin |",
              "|---|---|---|---|---|---|---|---|"]
     ok_all = True
-    for name, src in MODELS:
+    for name, src in MODELS + (BIG_MODELS if a.big else []):
         if isinstance(src, str):
             path = os.path.normpath(src)
             if not os.path.exists(path):
@@ -198,9 +234,17 @@ def main():
             srv.wait()
     lines += ["", "Result: " + ("all agree (greedy ids identical, top-5 log-probabilities within 1e-3 relative)."
                                 if ok_all else "DISAGREEMENT (see rows above).")]
+    if a.load_check:
+        lines += ["", "## Test models in llama.cpp", "",
+                  "Every variant `specd make-test-model` writes, run with `llama-simple -m FILE -n 8 \"def main():\"` "
+                  "(loads = the file loads and 8 tokens are generated).", "",
+                  "| preset | type | weights | loads in llama.cpp |", "|---|---|---|---|"]
+        rows, ok = load_check(a.llama_bin, a.specd, tmp)
+        lines += rows
+        ok_all &= ok
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines[-1:]))
+    print("Result: " + ("all agree" if ok_all else "DISAGREEMENT"))
     sys.exit(0 if ok_all else 1)
 
 

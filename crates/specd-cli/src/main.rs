@@ -1,9 +1,10 @@
-//! `specd` command line: `generate`, `make-test-model` (and later `serve`, `bench`).
+//! `specd` command line: `serve`, `generate`, `bench`, `make-test-model`.
 
 mod bench;
 mod demo;
 mod generate;
 mod make_model;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI / llama-server compatible HTTP API (takes llama-server's flags).
+    Serve(Box<serve::ServeArgs>),
     /// Generate a continuation of a prompt.
     Generate(generate::GenerateArgs),
     /// Measure speed (llama-bench style) and speculative decoding over the workloads.
@@ -33,8 +36,17 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // llama-server command lines (`-np 4 -ngl 99 …`) are rewritten for clap first.
+    let args = match serve::preprocess(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let r = match cli.cmd {
+        Command::Serve(a) => serve::run(*a),
         Command::Generate(a) => generate::run(a),
         Command::MakeTestModel(a) => make_model::run(a),
         Command::Bench(a) => bench::run(a),

@@ -18,7 +18,7 @@ pub const QK: usize = 32;
 /// Copies raw bytes into a vector of candle blocks (the file data need not be aligned for them).
 fn to_blocks<B: GgmlType>(bytes: &[u8]) -> Result<Vec<B>, GgufError> {
     let bs = size_of::<B>();
-    if bs == 0 || bytes.len() % bs != 0 {
+    if bs == 0 || !bytes.len().is_multiple_of(bs) {
         return Err(GgufError::Invalid(format!(
             "{} bytes is not a whole number of {bs}-byte blocks",
             bytes.len()
@@ -72,7 +72,7 @@ fn quant<B: GgmlType>(x: &[f32]) -> Vec<u8> {
 /// Dequantises `bytes` of type `t` into `out` (whose length fixes the element count).
 pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), GgufError> {
     let (bs, ts) = t.block();
-    if out.len() % bs != 0 || bytes.len() != out.len() / bs * ts {
+    if !out.len().is_multiple_of(bs) || bytes.len() != out.len() / bs * ts {
         return Err(GgufError::Invalid(format!(
             "{} bytes of {t} for {} values",
             bytes.len(),
@@ -127,7 +127,7 @@ pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), Gg
 
 /// Quantises `x` to type `t` (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
 pub fn quantize(t: TensorType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
-    if x.len() % t.block_size() != 0 {
+    if !x.len().is_multiple_of(t.block_size()) {
         return Err(GgufError::Invalid(format!(
             "{} values is not a multiple of the {t} block",
             x.len()

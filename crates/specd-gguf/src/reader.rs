@@ -40,9 +40,11 @@ impl std::ops::Deref for SharedBytes {
 /// Where a tensor is and what it holds.
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
+    /// Tensor name (`blk.0.attn_q.weight`).
     pub name: String,
     /// Dimensions in ggml `ne` order (ne0 fastest).
     pub dims: Vec<u64>,
+    /// Element type.
     pub ttype: TensorType,
     /// Offset from the start of the data section.
     pub offset: u64,
@@ -105,6 +107,7 @@ impl<'a> TensorView<'a> {
 /// An opened GGUF file.
 pub struct GgufFile {
     storage: Arc<Storage>,
+    /// GGUF version (2 or 3).
     pub version: u32,
     metadata: Vec<(String, GgufValue)>,
     index: HashMap<String, usize>,
@@ -341,7 +344,7 @@ impl GgufFile {
                     detail: format!("dimensions {dims:?} overflow"),
                 });
             }
-            if dims[0] % ttype.block_size() as u64 != 0 {
+            if !dims[0].is_multiple_of(ttype.block_size() as u64) {
                 return Err(GgufError::BadTensor {
                     name,
                     detail: format!(
@@ -369,7 +372,7 @@ impl GgufFile {
             });
         }
         for t in &tensors {
-            if t.offset % alignment != 0 {
+            if !t.offset.is_multiple_of(alignment) {
                 return Err(GgufError::TensorMisaligned {
                     name: t.name.clone(),
                     offset: t.offset,

@@ -19,6 +19,7 @@ pub enum ValueType {
 }
 
 impl ValueType {
+    /// From the GGUF type id (`None` for ids the format does not define).
     pub fn from_id(id: u32) -> Option<Self> {
         use ValueType::*;
         Some(match id {

@@ -35,21 +35,27 @@ impl GgufWriter {
             self.kv.push((key.to_string(), v));
         }
     }
+    /// Adds a `u32` entry.
     pub fn add_u32(&mut self, key: &str, v: u32) {
         self.add(key, GgufValue::U32(v));
     }
+    /// Adds an `i32` entry.
     pub fn add_i32(&mut self, key: &str, v: i32) {
         self.add(key, GgufValue::I32(v));
     }
+    /// Adds an `f32` entry.
     pub fn add_f32(&mut self, key: &str, v: f32) {
         self.add(key, GgufValue::F32(v));
     }
+    /// Adds a `bool` entry.
     pub fn add_bool(&mut self, key: &str, v: bool) {
         self.add(key, GgufValue::Bool(v));
     }
+    /// Adds a string entry.
     pub fn add_string(&mut self, key: &str, v: &str) {
         self.add(key, GgufValue::String(v.to_string()));
     }
+    /// Adds an array of `i32`.
     pub fn add_array_i32(&mut self, key: &str, v: &[i32]) {
         self.add(
             key,
@@ -59,6 +65,7 @@ impl GgufWriter {
             ),
         );
     }
+    /// Adds an array of `u32`.
     pub fn add_array_u32(&mut self, key: &str, v: &[u32]) {
         self.add(
             key,
@@ -68,6 +75,7 @@ impl GgufWriter {
             ),
         );
     }
+    /// Adds an array of `f32`.
     pub fn add_array_f32(&mut self, key: &str, v: &[f32]) {
         self.add(
             key,
@@ -77,6 +85,7 @@ impl GgufWriter {
             ),
         );
     }
+    /// Adds an array of `bool`.
     pub fn add_array_bool(&mut self, key: &str, v: &[bool]) {
         self.add(
             key,
@@ -86,6 +95,7 @@ impl GgufWriter {
             ),
         );
     }
+    /// Adds an array of strings.
     pub fn add_array_str(&mut self, key: &str, v: &[String]) {
         self.add(
             key,
@@ -114,7 +124,7 @@ impl GgufWriter {
         if dims.is_empty() || dims.len() > 4 || dims.contains(&0) {
             return Err(bad(format!("dimensions {dims:?}")));
         }
-        if dims[0] % ttype.block_size() as u64 != 0 {
+        if !dims[0].is_multiple_of(ttype.block_size() as u64) {
             return Err(bad(format!(
                 "row of {} is not a multiple of the {ttype} block",
                 dims[0]

@@ -305,10 +305,20 @@ impl Memory {
         if !self.layout.is_hybrid() {
             return Ok(None);
         }
-        let s = self
-            .seqs
-            .get(&seq)
-            .ok_or(MemoryError::UnknownSequence(seq))?;
+        let Some(s) = self.seqs.get(&seq) else {
+            // Nothing decoded yet (a one-token prompt): the checkpoint is the zero state at 0.
+            let fresh = RecLayer::new(&self.layout);
+            let (c, st) = fresh.current();
+            let layers = (0..self.layout.rec_layers)
+                .map(|_| (c.to_vec(), st.to_vec()))
+                .collect();
+            let cp = Checkpoint {
+                seq,
+                pos: 0,
+                layers,
+            };
+            return Ok(self.checkpoints.insert(cp, self.cfg.checkpoint_budget));
+        };
         if s.in_batch.is_some() {
             return Err(MemoryError::BatchInProgress { seq });
         }

@@ -16,8 +16,7 @@ pub struct BatchRow {
 #[derive(Debug, Clone, Default)]
 pub struct Batch {
     pub rows: Vec<BatchRow>,
-    /// Also return the final normed hidden state of the rows with `logits` set (the MTP head's
-    /// input).
+    /// Also return the final normed hidden state of every row (the MTP head's input).
     pub want_hidden: bool,
 }
 
@@ -74,7 +73,8 @@ pub struct DecodeOutput {
     /// `rows.len() × n_vocab`.
     pub logits: Vec<f32>,
     pub n_embd: usize,
-    /// `rows.len() × n_embd` when requested.
+    /// With [`Batch::want_hidden`]: the normed final hidden state of **every** batch row
+    /// (`batch.len() × n_embd`, in batch-row order).
     pub hidden: Vec<f32>,
 }
 
@@ -90,7 +90,7 @@ impl DecodeOutput {
             .position(|&r| r == row)
             .map(|i| self.logits(i))
     }
-    /// Hidden state of output `i`.
+    /// Hidden state of batch row `i` (requires [`Batch::want_hidden`]).
     pub fn hidden(&self, i: usize) -> &[f32] {
         &self.hidden[i * self.n_embd..(i + 1) * self.n_embd]
     }

@@ -348,6 +348,12 @@ impl Model {
             .filter(|(_, r)| r.logits)
             .map(|(i, _)| i)
             .collect();
+        if batch.want_hidden {
+            // Every row's normed final hidden state (the MTP head's input).
+            let mut all = vec![0f32; n * h];
+            rms_norm_rows(&x, &self.output_norm, self.cfg.eps, &mut all);
+            out.hidden.extend_from_slice(&all);
+        }
         if want.is_empty() {
             return Ok(());
         }
@@ -358,10 +364,6 @@ impl Model {
         matmul(&hn, want.len(), &self.output, &mut logits)?;
         out.rows.extend(want.iter().map(|i| i + start));
         out.logits.extend_from_slice(&logits);
-        if batch.want_hidden {
-            out.hidden.extend_from_slice(&hn);
-        }
-        let _ = n;
         Ok(())
     }
 
@@ -406,6 +408,106 @@ impl Model {
                 .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
         }
         x
+    }
+
+    /// A memory for the MTP head: one attention layer with the trunk's KV shape.
+    pub fn new_mtp_memory(&self, cfg: MemoryConfig) -> Result<Memory, ModelError> {
+        if self.mtp.is_none() {
+            return Err(ModelError::Invalid(
+                "the model has no MTP (NextN) head".into(),
+            ));
+        }
+        let mut layout = self.memory_layout();
+        layout.attn_layers = 1;
+        layout.rec_layers = 0;
+        layout.conv_channels = 0;
+        layout.gdn.d_k = 0;
+        layout.gdn.d_v = 0;
+        Ok(Memory::new(layout, cfg))
+    }
+
+    /// Runs the MTP head over rows of one sequence (qwen35.md §3.7): row `i` is token
+    /// `tokens[i]` at position `pos0 + i`, paired with the hidden state `h_prev[i]` of the
+    /// position before it (the target's, or the head's own output when drafting recursively).
+    /// Returns the head's normed output for every row (`n × n_embd`) and the logits of the last
+    /// row. `mem` must come from [`Model::new_mtp_memory`].
+    pub fn decode_mtp(
+        &self,
+        mem: &mut Memory,
+        seq: specd_memory::SeqId,
+        tokens: &[u32],
+        pos0: usize,
+        h_prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("the model has no MTP (NextN) head".into()))?;
+        let (n, h) = (tokens.len(), self.cfg.n_embd);
+        if n == 0 || h_prev.len() != n * h {
+            return Err(ModelError::BadBatch(format!(
+                "MTP: {n} tokens with {} hidden values",
+                h_prev.len()
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+            return Err(ModelError::BadBatch(format!(
+                "MTP: token {t} out of vocabulary"
+            )));
+        }
+        if mem.n_past(seq) != pos0 {
+            return Err(ModelError::BadBatch(format!(
+                "MTP: sequence {seq} expects position {}, got {pos0}",
+                mem.n_past(seq)
+            )));
+        }
+        if pos0 + n > mem.config().n_ctx {
+            return Err(specd_memory::MemoryError::ContextFull {
+                seq,
+                needed: pos0 + n,
+                n_ctx: mem.config().n_ctx,
+            }
+            .into());
+        }
+        let emb = match &mtp.embed {
+            Some(e) => {
+                let mut x = vec![0f32; n * h];
+                for (i, &t) in tokens.iter().enumerate() {
+                    e.dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
+                }
+                x
+            }
+            None => self.embed(tokens.iter().copied()),
+        };
+        let groups = [SeqRows {
+            seq,
+            rows: (0..n).collect(),
+            positions: (pos0 as u32..(pos0 + n) as u32).collect(),
+        }];
+        mem.begin_batch(seq, pos0, n)?;
+        let r = self.pool.install(|| {
+            mtp.forward(
+                &emb,
+                h_prev,
+                n,
+                &groups,
+                &self.rope,
+                mem,
+                &self.output_norm,
+                &self.output,
+                &[n - 1],
+            )
+        });
+        match r {
+            Ok(v) => {
+                mem.end_batch(seq)?;
+                Ok(v)
+            }
+            Err(e) => {
+                mem.abort_batch(seq);
+                Err(e)
+            }
+        }
     }
 
     /// The MTP head, if the file has one.

@@ -114,6 +114,8 @@ pub struct Defaults {
     pub spec: SpecParams,
     /// `cache_prompt` default.
     pub cache_prompt: bool,
+    /// Grammar of requests that give none (`--grammar`, `--json-schema`).
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// What a request asks of a generation, besides its prompt.
@@ -242,8 +244,9 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         return Err(type_error("n_probs", "an integer in [0, 100]"));
     }
 
+    reject_unsupported(f)?;
     let spec = parse_spec(f, &d.spec)?;
-    let grammar = parse_grammar(f)?;
+    let grammar = parse_grammar(f)?.or_else(|| d.grammar.clone());
     let id_slot = match f.i64("id_slot")? {
         None | Some(-1) => None,
         Some(i) if i >= 0 => Some(i as usize),
@@ -270,6 +273,47 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         id_slot,
         grammar,
     })
+}
+
+/// llama-server sampling options specd does not implement: accepted at their "off" value,
+/// a 400 naming them otherwise (silently ignoring them would change what the client asked for).
+fn reject_unsupported(f: &Fields) -> Result<(), ApiError> {
+    for key in [
+        "mirostat",
+        "dry_multiplier",
+        "xtc_probability",
+        "dynatemp_range",
+    ] {
+        if f.f64(key)?.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::new(
+                crate::error::ErrorKind::InvalidRequest,
+                format!("'{key}' is not supported by specd"),
+            )
+            .with("param", key));
+        }
+    }
+    if f.i64("n_cmpl")?.is_some_and(|n| n > 1) {
+        return Err(
+            ApiError::invalid("only one completion per prompt ('n_cmpl': 1) is supported")
+                .with("param", "n_cmpl"),
+        );
+    }
+    if f.f64("top_n_sigma")?.is_some_and(|v| v > 0.0) {
+        return Err(ApiError::invalid("'top_n_sigma' is not supported by specd")
+            .with("param", "top_n_sigma"));
+    }
+    let bias_set = match f.get("logit_bias") {
+        None => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    };
+    if bias_set {
+        return Err(
+            ApiError::invalid("'logit_bias' is not supported by specd").with("param", "logit_bias")
+        );
+    }
+    Ok(())
 }
 
 /// Per-request speculation: llama.cpp's flat `"speculative.n_max"` keys, or a nested
@@ -392,6 +436,7 @@ mod tests {
                 ..SpecParams::default()
             },
             cache_prompt: true,
+            grammar: None,
         }
     }
 

@@ -254,6 +254,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Passes the hidden states of a decoded batch (every row kept) to the drafters that read them.
+    fn observe_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput) {
+        if !batch.want_hidden {
+            return;
+        }
+        let mut i = 0;
+        while i < batch.rows.len() {
+            let seq = batch.rows[i].seq;
+            let j = i + batch.rows[i..].iter().take_while(|r| r.seq == seq).count();
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                let toks: Vec<u32> = batch.rows[i..j].iter().map(|r| r.token).collect();
+                let hidden: Vec<f32> = (i..j).flat_map(|r| out.hidden(r).iter().copied()).collect();
+                s.chain
+                    .observe_target(&toks, batch.rows[i].pos as usize, &hidden);
+            }
+            i = j;
+        }
+    }
+
     /// The grammar index of the model's vocabulary.
     fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, SpecError> {
         if let Some(v) = self.grammar_vocab.get() {
@@ -297,11 +316,11 @@ impl Engine {
                     }
                     Box::new(DraftModel::new(m, self.mem.config().n_ctx, sp.p_min))
                 }
-                DrafterKind::DraftMtp => {
-                    return Err(SpecError::Invalid(
-                        "draft-mtp is not implemented yet".into(),
-                    ));
-                }
+                DrafterKind::DraftMtp => Box::new(crate::drafter::mtp::MtpDrafter::new(
+                    self.model.clone(),
+                    self.mem.config().n_ctx,
+                    sp.p_min,
+                )?),
                 DrafterKind::Synthetic => {
                     let r = req.reference.clone().ok_or_else(|| {
                         SpecError::Invalid(
@@ -343,11 +362,15 @@ impl Engine {
                     batch.push(t, i as u32, *id, false);
                 }
             }
+            // Drafters that read hidden states (MTP) mirror the prompt.
+            batch.want_hidden = new.iter().any(|id| self.seqs[id].chain.wants_hidden());
             let t0 = Instant::now();
             let res = if batch.is_empty() {
                 Ok(())
             } else {
-                self.model.decode(&mut self.mem, &batch).map(|_| ())
+                self.model
+                    .decode(&mut self.mem, &batch)
+                    .map(|out| self.observe_rows(&batch, &out))
             };
             let secs = t0.elapsed().as_secs_f64();
             match res {
@@ -373,9 +396,11 @@ impl Engine {
                         let r = if toks.is_empty() {
                             Ok(())
                         } else {
+                            let mut b = Batch::from_tokens(&toks, 0, id, false);
+                            b.want_hidden = self.seqs[&id].chain.wants_hidden();
                             self.model
-                                .decode(&mut self.mem, &Batch::from_tokens(&toks, 0, id, false))
-                                .map(|_| ())
+                                .decode(&mut self.mem, &b)
+                                .map(|out| self.observe_rows(&b, &out))
                         };
                         match r {
                             Ok(()) => {
@@ -490,6 +515,10 @@ impl Engine {
                 batch.push(d, (p + 1 + i) as u32, *id, true);
             }
         }
+        batch.want_hidden = plan
+            .iter()
+            .any(|(id, _, _)| self.seqs[id].chain.wants_hidden());
+        let h = self.model.config().n_embd;
         let t0 = Instant::now();
         let out = match self.model.decode(&mut self.mem, &batch) {
             Ok(o) => {
@@ -506,7 +535,8 @@ impl Engine {
                     let p = s.tokens.len() - 1;
                     let mut rows = vec![s.tokens[p]];
                     rows.extend_from_slice(&draft);
-                    let b = Batch::from_tokens(&rows, p as u32, id, true);
+                    let mut b = Batch::from_tokens(&rows, p as u32, id, true);
+                    b.want_hidden = batch.want_hidden;
                     match self.model.decode(&mut self.mem, &b) {
                         Ok(o) => outs.push((id, draft, cp, o)),
                         Err(e) => self.fail(id, e.to_string(), &mut events),
@@ -514,7 +544,7 @@ impl Engine {
                 }
                 for (id, draft, cp, o) in outs {
                     let logits: Vec<&[f32]> = (0..o.len()).map(|i| o.logits(i)).collect();
-                    self.accept(id, &draft, cp, &logits, &mut events);
+                    self.accept(id, &draft, cp, &logits, &o.hidden, &mut events);
                 }
                 return events;
             }
@@ -523,20 +553,23 @@ impl Engine {
         for (id, draft, cp) in plan {
             let n = draft.len() + 1;
             let logits: Vec<&[f32]> = (row..row + n).map(|i| out.logits(i)).collect();
+            let hidden = out.hidden.get(row * h..(row + n) * h).unwrap_or(&[]);
             row += n;
-            self.accept(id, &draft, cp, &logits, &mut events);
+            self.accept(id, &draft, cp, &logits, hidden, &mut events);
         }
         events
     }
 
     /// Walks the verified rows of one sequence with its sampler, keeps the matching prefix plus
-    /// one target token, rolls back the rest and applies the stop conditions.
+    /// one target token, rolls back the rest and applies the stop conditions. `hidden`: the
+    /// rows' final hidden states when a drafter reads them (else empty).
     fn accept(
         &mut self,
         id: SeqId,
         draft: &[u32],
         cp: Option<specd_memory::CheckpointId>,
         logits: &[&[f32]],
+        hidden: &[f32],
         events: &mut Vec<StepEvent>,
     ) {
         let Some(s) = self.seqs.get_mut(&id) else {
@@ -589,6 +622,10 @@ impl Engine {
             let msg = e.to_string();
             self.fail(id, msg, events);
             return;
+        }
+        let h = self.model.config().n_embd;
+        if let Some(kept) = hidden.get(..(k + 1) * h) {
+            s.chain.observe_target(&fed[..=k], p, kept);
         }
         // Stop conditions, token by token.
         let tok = self.model.tokenizer();

@@ -27,6 +27,8 @@ fn models() -> &'static Models {
             let mut spec = TestModelSpec::preset(preset);
             spec.style = style;
             spec.seed = seed;
+            // Qwen3.5 models carry an MTP head, so `draft-mtp` is exercised too.
+            spec.mtp = preset == Preset::Qwen35Tiny;
             let p = dir.path().join(name);
             write_model(&spec, &p).unwrap();
             p
@@ -124,7 +126,8 @@ fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -
     out.into_values().collect()
 }
 
-const DRAFTERS: [&str; 9] = [
+const DRAFTERS: [&str; 10] = [
+    "draft-mtp",
     "ngram-simple",
     "ngram-map-k",
     "ngram-map-k4v",
@@ -156,8 +159,9 @@ fn spec_for(name: &str, n_max: usize) -> SpecParams {
             p.drafters = vec![DrafterKind::Synthetic];
             p.synth_rates = specd_spec::drafter::synthetic::rates_for_per_token(0.5, n_max);
         }
-        "draft-simple" => {
-            p.drafters = vec![DrafterKind::DraftSimple];
+        "draft-simple" | "draft-mtp" => {
+            p.drafters = vec![DrafterKind::parse(name).unwrap()];
+            // Random weights make the drafts unconfident: draft anyway, so rollbacks happen.
             p.p_min = 0.0;
         }
         other => p.drafters = vec![DrafterKind::parse(other).unwrap()],
@@ -181,7 +185,7 @@ fn grammar_spec(kind: usize) -> Option<GrammarSpec> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
     #[test]
     fn speculative_equals_plain(
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
@@ -196,6 +200,8 @@ proptest! {
     ) {
         let m = models();
         let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, _ => &m.llama };
+        // Only Qwen3.5 files have an MTP head.
+        let model = if DRAFTERS[drafter] == "draft-mtp" && model_kind == 2 { &m.hybrid } else { model };
         let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;
         let base: Vec<SequenceRequest> = prompts

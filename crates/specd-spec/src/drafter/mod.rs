@@ -1,6 +1,7 @@
 //! Drafters: anything that, given the tokens so far, proposes a continuation.
 
 pub mod draft_model;
+pub mod mtp;
 pub mod ngram;
 pub mod synthetic;
 
@@ -20,6 +21,15 @@ pub trait Drafter: Send {
     fn is_cheap(&self) -> bool {
         true
     }
+    /// True if the drafter reads the target's hidden states (then the engine asks the model for
+    /// them and calls [`Drafter::observe_target`]).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The target kept `tokens` at positions `pos0..`; `hidden` holds their final normed hidden
+    /// states (`tokens.len() × n_embd`). Called after prefill and after each verification with
+    /// the accepted rows only.
+    fn observe_target(&mut self, _tokens: &[u32], _pos0: usize, _hidden: &[f32]) {}
 }
 
 /// Several drafters in priority order: the first non-empty draft wins the round, and only that
@@ -62,6 +72,16 @@ impl Chain {
     /// True if every drafter is cheap.
     pub fn is_cheap(&self) -> bool {
         self.drafters.iter().all(|d| d.is_cheap())
+    }
+    /// True if any drafter reads the target's hidden states.
+    pub fn wants_hidden(&self) -> bool {
+        self.drafters.iter().any(|d| d.wants_hidden())
+    }
+    /// Passes the target's kept rows to every drafter that reads hidden states.
+    pub fn observe_target(&mut self, tokens: &[u32], pos0: usize, hidden: &[f32]) {
+        for d in self.drafters.iter_mut().filter(|d| d.wants_hidden()) {
+            d.observe_target(tokens, pos0, hidden);
+        }
     }
     /// Name of the drafter that produced the last draft.
     pub fn last_name(&self) -> Option<&'static str> {
