@@ -1,0 +1,260 @@
+//! Edge cases of speculative rounds (speculative.md §6) and the no-leak property.
+
+use specd_memory::MemoryConfig;
+use specd_models::{Model, ModelOptions};
+use specd_sampling::{GrammarSpec, SamplerParams};
+use specd_spec::{
+    DrafterKind, Engine, FinishReason, RollbackKind, SeqOutput, SequenceRequest, SpecParams,
+    StepEvent,
+};
+use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+fn model() -> Arc<Model> {
+    static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
+        spec.style = WeightStyle::Varied;
+        let p = dir.path().join("m.gguf");
+        write_model(&spec, &p).unwrap();
+        let m = Arc::new(
+            Model::load(
+                &p,
+                ModelOptions {
+                    n_threads: 2,
+                    n_ubatch: 64,
+                },
+            )
+            .unwrap(),
+        );
+        (dir, m)
+    })
+    .1
+    .clone()
+}
+
+fn cfg(n_ctx: usize, max_seqs: usize) -> MemoryConfig {
+    MemoryConfig {
+        n_ctx,
+        max_seqs,
+        ..Default::default()
+    }
+}
+
+fn synthetic(reference: Vec<u32>, rate: f32, n_max: usize) -> (SpecParams, Option<Arc<Vec<u32>>>) {
+    let p = SpecParams {
+        drafters: vec![DrafterKind::Synthetic],
+        synth_rates: vec![rate; n_max],
+        n_max,
+        adaptive: false,
+        ..SpecParams::default()
+    };
+    (p, Some(Arc::new(reference)))
+}
+
+fn generate(n_ctx: usize, req: SequenceRequest, rb: RollbackKind) -> SeqOutput {
+    Engine::new(model(), cfg(n_ctx, 1), rb)
+        .generate(0, req)
+        .unwrap()
+}
+
+fn prompt() -> Vec<u32> {
+    (0..12u32).map(|i| (i * 97 + 5) % 400).collect()
+}
+
+#[test]
+fn draft_is_capped_by_context_and_token_budget() {
+    for rb in [
+        RollbackKind::Fast,
+        RollbackKind::Snapshot,
+        RollbackKind::Checkpoint,
+    ] {
+        // Context: 12 prompt tokens in a context of 30; drafts of 16 would overflow it.
+        let mut plain = SequenceRequest::greedy(prompt(), 100);
+        plain.ignore_eos = true;
+        let base = generate(30, plain.clone(), rb);
+        assert_eq!(base.reason, FinishReason::Context);
+        let mut reference = prompt();
+        reference.extend_from_slice(&base.tokens);
+        reference.extend(std::iter::repeat_n(7, 40)); // drafts could run past the context
+        let mut r = plain.clone();
+        (r.spec, r.reference) = synthetic(reference.clone(), 1.0, 16);
+        let out = generate(30, r, rb);
+        assert_eq!(out.tokens, base.tokens, "{rb:?}");
+        assert_eq!(out.reason, FinishReason::Context);
+        // Budget: 5 tokens, drafts of 16.
+        let mut r = plain.clone();
+        r.n_predict = 5;
+        (r.spec, r.reference) = synthetic(reference, 1.0, 16);
+        let out = generate(256, r, rb);
+        assert_eq!(out.tokens, base.tokens[..5], "{rb:?}");
+        assert_eq!(out.reason, FinishReason::Limit);
+    }
+}
+
+#[test]
+fn stop_string_inside_a_draft_ends_there() {
+    let mut plain = SequenceRequest::greedy(prompt(), 40);
+    plain.ignore_eos = true;
+    let base = generate(256, plain.clone(), RollbackKind::Fast);
+    // A stop string taken from the middle of the plain output.
+    let cut = base
+        .text
+        .char_indices()
+        .nth(base.text.chars().count() / 2)
+        .unwrap()
+        .0;
+    let stop: String = base.text[cut..].chars().take(3).collect();
+    let mut stopped = plain.clone();
+    stopped.stop = vec![stop.clone()];
+    let expect = generate(256, stopped.clone(), RollbackKind::Fast);
+    assert_eq!(expect.reason, FinishReason::Stop);
+    assert!(!expect.text.contains(&stop) && base.text.starts_with(&expect.text));
+    let mut reference = prompt();
+    reference.extend_from_slice(&base.tokens);
+    for rb in [RollbackKind::Fast, RollbackKind::Checkpoint] {
+        let mut r = stopped.clone();
+        (r.spec, r.reference) = synthetic(reference.clone(), 1.0, 12);
+        let out = generate(256, r, rb);
+        assert_eq!(
+            (out.tokens.clone(), out.text.clone(), out.reason),
+            (
+                expect.tokens.clone(),
+                expect.text.clone(),
+                FinishReason::Stop
+            )
+        );
+        assert_eq!(out.stop_word.as_deref(), Some(stop.as_str()));
+    }
+}
+
+#[test]
+fn end_of_generation_inside_a_draft_ends_there() {
+    // A grammar makes the model end with EOS; the drafts continue past it with junk.
+    let schema = GrammarSpec::JsonSchema(
+        serde_json::json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": false}),
+    );
+    let mut plain = SequenceRequest::greedy(prompt(), 60);
+    plain.grammar = Some(schema);
+    let base = generate(256, plain.clone(), RollbackKind::Fast);
+    assert_eq!(base.reason, FinishReason::Eos, "{:?}", base.text);
+    let eos = model().tokenizer().eos_id().unwrap();
+    let mut reference = prompt();
+    reference.extend_from_slice(&base.tokens);
+    reference.push(eos);
+    reference.extend([11, 12, 13, 14, 15]);
+    let mut r = plain.clone();
+    (r.spec, r.reference) = synthetic(reference, 1.0, 16);
+    let out = generate(256, r, RollbackKind::Fast);
+    assert_eq!(
+        (out.tokens, out.text, out.reason),
+        (base.tokens, base.text, FinishReason::Eos)
+    );
+}
+
+#[test]
+fn a_refused_request_does_not_disturb_running_ones() {
+    let mut a = SequenceRequest::greedy(prompt(), 24);
+    a.ignore_eos = true;
+    a.sampler = SamplerParams {
+        temperature: 0.8,
+        seed: 9,
+        ..SamplerParams::default()
+    };
+    let alone = generate(256, a.clone(), RollbackKind::Fast);
+    let mut e = Engine::new(model(), cfg(256, 4), RollbackKind::Fast);
+    e.add(0, a).unwrap();
+    let mut out = None;
+    let mut step = 0;
+    while out.is_none() {
+        if step == 3 {
+            let mut bad = SequenceRequest::greedy(vec![1, 2, 3], 8);
+            bad.grammar = Some(GrammarSpec::Regex("(".into()));
+            assert!(e.add(1, bad).is_err());
+            assert!(
+                e.add(2, SequenceRequest::greedy(vec![u32::MAX], 8))
+                    .is_err(),
+                "token outside the vocabulary"
+            );
+            assert!(
+                e.add(3, SequenceRequest::greedy(vec![1; 300], 8)).is_err(),
+                "prompt over the context"
+            );
+        }
+        for ev in e.step() {
+            if let StepEvent::Finished { seq: 0, output } = ev {
+                out = Some(output);
+            }
+        }
+        step += 1;
+    }
+    assert_eq!(out.unwrap().tokens, alone.tokens);
+}
+
+/// Thousands of rounds with rejections on several sequences: after every step, the KV holds
+/// exactly the accepted positions, no checkpoint outlives its round, and at the end nothing is
+/// left.
+#[test]
+fn no_leaks_after_thousands_of_rounds() {
+    let m = model();
+    let per_pos = m.memory_layout().kv_bytes_per_pos();
+    for rb in [
+        RollbackKind::Fast,
+        RollbackKind::Snapshot,
+        RollbackKind::Checkpoint,
+    ] {
+        let mut e = Engine::new(m.clone(), cfg(1024, 3), rb);
+        let mut expected: BTreeMap<u32, usize> = BTreeMap::new();
+        for seq in 0..3u32 {
+            let p: Vec<u32> = prompt().iter().map(|t| t + seq).collect();
+            let mut r = SequenceRequest::greedy(p.clone(), 400);
+            r.ignore_eos = true;
+            // Random drafts over a reference that is mostly wrong: many partial rejections.
+            let reference: Vec<u32> = p
+                .iter()
+                .copied()
+                .chain((0..500u32).map(|i| (i * 31 + seq) % 300))
+                .collect();
+            (r.spec, r.reference) = synthetic(reference, 0.5, 6);
+            e.add(seq, r).unwrap();
+            expected.insert(seq, p.len());
+        }
+        let mut rounds = 0;
+        while !e.is_idle() {
+            for ev in e.step() {
+                match ev {
+                    StepEvent::Tokens { seq, tokens, .. } => {
+                        *expected.get_mut(&seq).unwrap() += tokens.len()
+                    }
+                    StepEvent::Finished { seq, .. } => {
+                        expected.remove(&seq);
+                    }
+                    StepEvent::Failed { error, .. } => panic!("{error}"),
+                }
+            }
+            rounds += 1;
+            let u = e.memory().usage();
+            // Each live sequence holds its tokens but the last (not yet decoded).
+            let want: usize = expected.values().map(|n| n - 1).sum();
+            assert_eq!(u.kv_cells, want, "{rb:?} round {rounds}");
+            assert_eq!(
+                u.kv_bytes,
+                want * per_pos,
+                "KV rows match positions ({rb:?})"
+            );
+            assert_eq!(
+                u.checkpoint_bytes, 0,
+                "checkpoints are dropped each round ({rb:?})"
+            );
+        }
+        assert!(rounds > 150, "{rounds}");
+        let u = e.memory().usage();
+        assert_eq!(
+            (u.sequences, u.kv_cells, u.kv_bytes, u.checkpoints),
+            (0, 0, 0, 0),
+            "{rb:?}"
+        );
+    }
+}
