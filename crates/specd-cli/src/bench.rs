@@ -186,7 +186,7 @@ struct Workload {
     turns: Vec<String>,
 }
 
-fn load_workloads(dir: &PathBuf, max: usize) -> Result<Vec<Workload>> {
+fn load_workloads(dir: &std::path::Path, max: usize) -> Result<Vec<Workload>> {
     let mut out = Vec::new();
     let st = std::fs::read_to_string(dir.join("single-turn.jsonl"))
         .with_context(|| format!("reading {}", dir.join("single-turn.jsonl").display()))?;

@@ -608,7 +608,7 @@ fn spinner(len: u64) -> ProgressBar {
     pb
 }
 
-fn read_file(p: &PathBuf) -> Result<String> {
+fn read_file(p: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
 }
 

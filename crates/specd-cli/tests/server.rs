@@ -428,24 +428,24 @@ fn completion_streaming_and_not() {
     assert_eq!(stoks, toks);
     assert!(evs[..evs.len() - 1].iter().all(|e| e["stop"] == false));
 
-    // A stop word (the text of a generated token that first appears after the start): the
-    // text ends before it, stop_type "word".
-    let (word, at) = toks
-        .iter()
-        .find_map(|t| {
-            let w = s.ok("/detokenize", &json!({"tokens": [t]}))["content"]
-                .as_str()?
-                .to_string();
-            let at = text.find(&w)?;
-            (!w.trim().is_empty() && at > 0).then_some((w, at))
-        })
-        .expect("no usable stop word in the output");
-    let mut b = base.clone();
-    b["stop"] = json!([word.clone()]);
+    // A stop word (a character that first appears after the start): the text ends before it,
+    // stop_type "word".
+    let sb =
+        json!({"prompt": "def fib(n):", "n_predict": 24, "temperature": 0, "ignore_eos": true});
+    let full = s.ok("/completion", &sb)["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (at, ch) = full
+        .char_indices()
+        .find(|&(i, c)| i > 0 && c != '\u{fffd}' && !c.is_whitespace() && !full[..i].contains(c))
+        .unwrap_or_else(|| panic!("no usable stop word in {full:?}"));
+    let mut b = sb.clone();
+    b["stop"] = json!(["never-generated", ch.to_string()]);
     let w = s.ok("/completion", &b);
     assert_eq!(w["stop_type"], "word", "{w}");
-    assert_eq!(w["stopping_word"], word);
-    assert_eq!(w["content"].as_str().unwrap(), &text[..at]);
+    assert_eq!(w["stopping_word"], ch.to_string());
+    assert_eq!(w["content"].as_str().unwrap(), &full[..at]);
 
     // Token-id prompt, n_probs.
     let ids = tokens(&s.ok(
@@ -466,6 +466,24 @@ fn completion_streaming_and_not() {
         assert_eq!(p["top_logprobs"][0]["id"], *t);
         assert!(p["logprob"].as_f64().unwrap() <= 0.0);
     }
+
+    // A chosen slot; a slot that does not exist; n_predict 0 only evaluates the prompt.
+    let v3 = s.ok(
+        "/completion",
+        &json!({"prompt": "x", "n_predict": 2, "id_slot": 1}),
+    );
+    assert_eq!(v3["id_slot"], 1);
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": "x", "n_predict": 2, "id_slot": 7}),
+    );
+    assert_error(&r, 400, "invalid_request_error");
+    let v4 = s.ok(
+        "/completion",
+        &json!({"prompt": PROMPT, "n_predict": 0, "return_tokens": true}),
+    );
+    assert_eq!(v4["tokens_predicted"], 0);
+    assert_eq!(v4["content"], "");
 
     // Several prompts at once: an array of results, each the same as alone.
     let many = s.ok(
@@ -667,7 +685,7 @@ fn parallel_clients_match_sequential() {
         "The quick brown fox",
     ];
     let body = |p: &str, i: usize| {
-        json!({"prompt": p, "n_predict": 160, "temperature": if i % 2 == 0 { 0.0 } else { 0.8 },
+        json!({"prompt": p, "n_predict": 300, "temperature": if i.is_multiple_of(2) { 0.0 } else { 0.8 },
                "seed": 100 + i, "return_tokens": true, "ignore_eos": true, "cache_prompt": false})
     };
     let steps = || metric(&s.metrics(), "llamacpp:n_decode_total");

@@ -184,8 +184,8 @@ impl ModelConfig {
                 if ssm.conv_kernel < 2
                     || ssm.n_group == 0
                     || ssm.n_v_heads == 0
-                    || ssm.n_v_heads % ssm.n_group != 0
-                    || ssm.inner % ssm.n_v_heads != 0
+                    || !ssm.n_v_heads.is_multiple_of(ssm.n_group)
+                    || !ssm.inner.is_multiple_of(ssm.n_v_heads)
                     || ssm.d_v() != ssm.d_state
                 {
                     return Err(ModelError::Invalid(format!(

@@ -77,9 +77,9 @@ where
                         *v = r + i;
                     }
                     k(wrow, &idx[..t], &mut res[..t]);
-                    for i in 0..t {
+                    for (i, &v) in res[..t].iter().enumerate() {
                         // SAFETY: column `o` belongs to this chunk only; rows are in range.
-                        unsafe { out_ptr.write((r + i) * rows + o, res[i]) };
+                        unsafe { out_ptr.write((r + i) * rows + o, v) };
                     }
                     r += t;
                 }

@@ -96,7 +96,7 @@ impl Weight {
         offset: usize,
         len: usize,
     ) -> Result<Self, OpsError> {
-        if cols % wtype.block_elems() != 0 {
+        if !cols.is_multiple_of(wtype.block_elems()) {
             return Err(OpsError::Shape {
                 op: "weight",
                 detail: format!(

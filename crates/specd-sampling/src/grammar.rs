@@ -27,9 +27,11 @@ pub enum GrammarSpec {
 }
 
 /// A tokenizer as llguidance needs it: each token's bytes and a way to tokenize text.
+type TokenizeFn = Box<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>;
+
 struct Env {
     trie: TokTrie,
-    tokenize: Box<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>,
+    tokenize: TokenizeFn,
 }
 
 impl TokenizerEnv for Env {

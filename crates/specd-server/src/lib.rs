@@ -153,6 +153,27 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     }
 }
 
+/// Refuses a body announced larger than the limit before reading any of it (the body-limit
+/// layer alone would first wait for the bytes to arrive).
+async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > st.cfg.body_limit as u64) {
+        return ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "request body is larger than the limit of {} bytes",
+                st.cfg.body_limit
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
 async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if !st.cfg.verbose {
         return next.run(req).await;
@@ -220,6 +241,7 @@ pub fn router(st: Arc<AppState>) -> Router {
             log_requests,
         ))
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body))
         .layer(cors(&st.cfg.cors_origins))
         .with_state(st)
 }

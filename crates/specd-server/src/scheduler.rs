@@ -145,6 +145,7 @@ impl Scheduler {
             next_task: 0,
             totals: Totals::default(),
             shared: shared.clone(),
+            outbox: Vec::new(),
         };
         std::thread::Builder::new()
             .name("specd-engine".into())
@@ -202,6 +203,9 @@ struct Worker {
     next_task: u64,
     totals: Totals,
     shared: Arc<Mutex<Shared>>,
+    /// Events held until the state they follow from is published, so a client that got its
+    /// answer never sees `/slots` or `/metrics` from before it.
+    outbox: Vec<(mpsc::UnboundedSender<Event>, Event)>,
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -219,6 +223,7 @@ impl Worker {
         loop {
             if self.active.is_empty() && self.queue.is_empty() {
                 self.publish();
+                self.flush();
                 match self.rx.blocking_recv() {
                     Some(job) => self.queue.push_back(job),
                     None => return, // the server is gone
@@ -230,6 +235,8 @@ impl Worker {
             self.reap_cancelled();
             self.admit();
             if self.active.is_empty() {
+                self.publish();
+                self.flush();
                 continue;
             }
             let busy = self.active.len() as u64;
@@ -242,6 +249,18 @@ impl Worker {
                 Err(p) => self.recover(&panic_message(p.as_ref())),
             }
             self.publish();
+            self.flush();
+        }
+    }
+
+    fn send(&mut self, to: &mpsc::UnboundedSender<Event>, ev: Event) {
+        self.outbox.push((to.clone(), ev));
+    }
+
+    /// Delivers held events (a client that has gone is simply skipped).
+    fn flush(&mut self) {
+        for (to, ev) in self.outbox.drain(..) {
+            let _ = to.send(ev);
         }
     }
 
@@ -272,9 +291,12 @@ impl Worker {
             let slot = match self.queue[i].id_slot {
                 Some(s) if s >= n_slots => {
                     if let Some(job) = self.queue.remove(i) {
-                        let _ = job.events.send(Event::Failed(ApiError::invalid(format!(
-                            "id_slot {s} does not exist (the server has {n_slots} slots)"
-                        ))));
+                        self.send(
+                            &job.events,
+                            Event::Failed(ApiError::invalid(format!(
+                                "id_slot {s} does not exist (the server has {n_slots} slots)"
+                            ))),
+                        );
                         self.totals.requests_failed += 1;
                     }
                     continue;
@@ -339,7 +361,7 @@ impl Worker {
             }
         };
         if let Some(e) = err {
-            let _ = job.events.send(Event::Failed(e));
+            self.send(&job.events, Event::Failed(e));
             self.totals.requests_failed += 1;
             return;
         }
@@ -347,7 +369,7 @@ impl Worker {
         self.last_used[slot] = self.clock;
         let id_task = self.next_task;
         self.next_task += 1;
-        let _ = job.events.send(Event::Started { slot, id_task });
+        self.send(&job.events, Event::Started { slot, id_task });
         self.settings[slot] = job.settings;
         self.active.insert(
             slot,
@@ -372,7 +394,7 @@ impl Worker {
         for ev in events {
             match ev {
                 StepEvent::Finished { seq, output } => {
-                    outputs.insert(seq, Box::new(output));
+                    outputs.insert(seq, output);
                     order.push((seq, None, None));
                 }
                 StepEvent::Tokens { seq, tokens, text } => {
@@ -403,24 +425,21 @@ impl Worker {
                 a.sent_text += text.len();
                 a.n_decoded += tokens.len();
                 a.has_new_line |= text.contains('\n');
-                let _ = a.events.send(Event::Chunk {
-                    tokens,
-                    text,
-                    probs,
-                });
-                if let Some(kv) = self
-                    .engine
-                    .memory()
-                    .sequences()
-                    .contains(&seq)
-                    .then(|| self.engine.memory().n_past(seq) as u64)
-                {
-                    self.totals.n_tokens_max = self.totals.n_tokens_max.max(kv);
-                }
+                let to = a.events.clone();
+                self.send(
+                    &to,
+                    Event::Chunk {
+                        tokens,
+                        text,
+                        probs,
+                    },
+                );
+                let held = self.engine.memory().n_past(seq) as u64;
+                self.totals.n_tokens_max = self.totals.n_tokens_max.max(held);
             } else if let Some(error) = error {
                 if let Some(a) = self.active.remove(&slot) {
                     tracing::warn!(slot, %error, "generation failed");
-                    let _ = a.events.send(Event::Failed(ApiError::server(error)));
+                    self.send(&a.events, Event::Failed(ApiError::server(error)));
                     self.totals.requests_failed += 1;
                 }
             } else if let Some(out) = outputs.remove(&seq) {
@@ -436,11 +455,14 @@ impl Worker {
                     Vec::new()
                 };
                 if !tail.is_empty() || !rest.is_empty() {
-                    let _ = a.events.send(Event::Chunk {
-                        tokens: Vec::new(),
-                        text: tail,
-                        probs: rest,
-                    });
+                    self.send(
+                        &a.events,
+                        Event::Chunk {
+                            tokens: Vec::new(),
+                            text: tail,
+                            probs: rest,
+                        },
+                    );
                 }
                 let t = &mut self.totals;
                 t.prompt_tokens += (out.n_prompt - out.n_cached) as u64;
@@ -451,7 +473,7 @@ impl Worker {
                 t.n_tokens_max = t.n_tokens_max.max((out.n_prompt + out.tokens.len()) as u64);
                 t.spec.merge(&out.stats);
                 t.requests_finished += 1;
-                let _ = a.events.send(Event::Done(out));
+                self.send(&a.events, Event::Done(out));
             }
         }
     }
@@ -461,9 +483,10 @@ impl Worker {
     fn recover(&mut self, msg: &str) {
         tracing::error!("engine panicked: {msg}; failing running requests and restarting it");
         for (_, a) in std::mem::take(&mut self.active) {
-            let _ = a.events.send(Event::Failed(ApiError::server(format!(
-                "engine panicked: {msg}"
-            ))));
+            self.send(
+                &a.events,
+                Event::Failed(ApiError::server(format!("engine panicked: {msg}"))),
+            );
             self.totals.requests_failed += 1;
         }
         let mut engine = Engine::new(self.model.clone(), self.mem_cfg.clone(), self.rollback);

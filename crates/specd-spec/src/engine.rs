@@ -84,7 +84,7 @@ pub enum StepEvent {
         text: String,
     },
     /// The sequence finished; its summary.
-    Finished { seq: SeqId, output: SeqOutput },
+    Finished { seq: SeqId, output: Box<SeqOutput> },
     /// The sequence failed; it is removed.
     Failed { seq: SeqId, error: String },
 }
@@ -643,7 +643,7 @@ impl Engine {
             if let Some(pr) = new_probs.get(emit.len() - 1) {
                 s.probs.push(pr.clone());
             }
-            s.text.extend_from_slice(&tok.token_to_bytes(t));
+            s.text.extend_from_slice(tok.token_to_bytes(t));
             if let Some((at, w)) = find_stop(&s.text, &s.req.stop, s.emitted_text) {
                 s.text.truncate(at);
                 finish = Some((FinishReason::Stop, Some(w)));
@@ -709,7 +709,10 @@ impl Engine {
                 stats: s.stats,
                 probs: s.probs,
             };
-            events.push(StepEvent::Finished { seq: id, output });
+            events.push(StepEvent::Finished {
+                seq: id,
+                output: Box::new(output),
+            });
         }
     }
 
@@ -846,7 +849,7 @@ impl Engine {
         loop {
             for ev in self.step() {
                 match ev {
-                    StepEvent::Finished { seq: s, output } if s == seq => return Ok(output),
+                    StepEvent::Finished { seq: s, output } if s == seq => return Ok(*output),
                     StepEvent::Failed { seq: s, error } if s == seq => {
                         return Err(SpecError::Invalid(error))
                     }

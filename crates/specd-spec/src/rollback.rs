@@ -10,6 +10,7 @@ use crate::SpecError;
 use specd_memory::{CheckpointId, Memory, SeqId};
 use specd_models::{Batch, Model};
 
+#[allow(clippy::too_many_arguments)] // each argument is one piece of the round's state
 /// After verifying `fed` tokens (starting at position `start`) of which the first `keep` are
 /// accepted, removes the rest. `checkpoint` is the state at `start` if one was taken.
 pub fn rollback_rejected(

@@ -92,7 +92,7 @@ impl TestModelSpec {
     }
     /// Is trunk layer `i` recurrent?
     pub fn is_recurrent(&self, i: usize) -> bool {
-        self.arch == TestArch::Qwen35 && (i + 1) % self.full_attention_interval != 0
+        self.arch == TestArch::Qwen35 && !(i + 1).is_multiple_of(self.full_attention_interval)
     }
 }
 

@@ -241,13 +241,13 @@ fn file_type(t: TensorType) -> u32 {
 
 fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
     let bad = |m: String| Err(TestModelError::Invalid(m));
-    if s.n_head % s.n_head_kv != 0 {
+    if !s.n_head.is_multiple_of(s.n_head_kv) {
         return bad(format!(
             "n_head {} not a multiple of n_head_kv {}",
             s.n_head, s.n_head_kv
         ));
     }
-    if s.n_rot > s.head_dim || s.n_rot % 2 != 0 {
+    if s.n_rot > s.head_dim || !s.n_rot.is_multiple_of(2) {
         return bad(format!(
             "n_rot {} invalid for head_dim {}",
             s.n_rot, s.head_dim
@@ -261,7 +261,7 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
     let mut dims = vec![s.n_embd, s.n_ff, s.n_head * s.head_dim];
     if s.arch == TestArch::Qwen35 {
         dims.push(s.ssm_inner());
-        if s.ssm_n_v_heads % s.ssm_n_group != 0 {
+        if !s.ssm_n_v_heads.is_multiple_of(s.ssm_n_group) {
             return bad("ssm value heads must be a multiple of key heads".into());
         }
     }

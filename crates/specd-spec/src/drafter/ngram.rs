@@ -298,17 +298,20 @@ impl Drafter for NgramMod {
     }
 }
 
+/// Next-token counts per hashed context, one table per context length 1..=4.
+pub type NgramTables = [HashMap<u64, HashMap<u32, u32>>; 4];
+
 /// `ngram-cache`: next-token statistics for contexts of 1..=4 tokens from this sequence (and an
 /// optional static corpus); drafts from the longest context whose prediction is confident.
 pub struct NgramCache {
     indexed: usize,
-    tables: [HashMap<u64, HashMap<u32, u32>>; 4],
-    static_tables: Option<Arc<[HashMap<u64, HashMap<u32, u32>>; 4]>>,
+    tables: NgramTables,
+    static_tables: Option<Arc<NgramTables>>,
 }
 
 impl NgramCache {
     /// Empty cache (optionally with static statistics built by [`NgramCache::build_static`]).
-    pub fn new(static_tables: Option<Arc<[HashMap<u64, HashMap<u32, u32>>; 4]>>) -> Self {
+    pub fn new(static_tables: Option<Arc<NgramTables>>) -> Self {
         NgramCache {
             indexed: 0,
             tables: Default::default(),
@@ -316,7 +319,7 @@ impl NgramCache {
         }
     }
     /// Statistics of a token corpus, to share between sequences.
-    pub fn build_static(tokens: &[u32]) -> Arc<[HashMap<u64, HashMap<u32, u32>>; 4]> {
+    pub fn build_static(tokens: &[u32]) -> Arc<NgramTables> {
         let mut c = NgramCache::new(None);
         c.update(tokens, tokens.len() + 1);
         Arc::new(c.tables)
@@ -326,8 +329,7 @@ impl NgramCache {
             self.indexed = 0;
             self.tables = Default::default();
         }
-        while self.indexed + 1 < upto.min(tokens.len() + 1) && self.indexed + 1 <= tokens.len() - 1
-        {
+        while self.indexed + 1 < upto.min(tokens.len() + 1) && self.indexed < tokens.len() - 1 {
             let next_pos = self.indexed + 1;
             for n in 1..=4 {
                 if next_pos >= n {
