@@ -34,13 +34,16 @@ def post(port, path, body, timeout=600):
 
 
 def run_server(binary, args, n_gen, reps):
-    """Starts a server, sends `reps` identical greedy requests, returns the best tok/s and timings."""
+    """Starts a server (`binary`: the command, a list), sends `reps` identical greedy requests,
+    returns the timings of the fastest."""
     port = free_port()
-    cmd = [binary] + args + ["--port", str(port), "--host", "127.0.0.1"]
+    cmd = binary + args + ["--port", str(port), "--host", "127.0.0.1"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     atexit.register(p.kill)
     try:
         for _ in range(600):
+            if p.poll() is not None:
+                raise RuntimeError(f"server exited: {' '.join(cmd)}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -94,8 +97,9 @@ def main():
         print("\nspecd verification batch cost by width (ms):", sp["verify_ms_by_width"])
 
     base = ["-m", a.model, "-t", str(a.threads), "-c", "2048", "-np", "1", "--no-warmup"]
-    engines = {"llama.cpp": (f"{a.llama_bin}/llama-server", []), "specd fast": (a.specd, ["--spec-rollback", "fast"]),
-               "specd checkpoint": (a.specd, ["--spec-rollback", "checkpoint"])}
+    engines = {"llama.cpp": ([f"{a.llama_bin}/llama-server"], []),
+               "specd fast": ([a.specd, "serve"], ["--spec-rollback", "fast"]),
+               "specd checkpoint": ([a.specd, "serve"], ["--spec-rollback", "checkpoint"])}
     plain = {}
     for name, (binary, extra) in engines.items():
         if name == "specd checkpoint":
@@ -108,7 +112,8 @@ def main():
     print("|---|---|" + "---|" * len(engines) + "---|")
     for n in [int(x) for x in a.lens.split(",")]:
         for rate in [float(x) for x in a.rates.split(",")]:
-            rates = ",".join(f"{rate ** (i + 1):.6f}" for i in range(n))
+            # llama.cpp wants 64 unconditional rates; positions past n-max are never drafted.
+            rates = ",".join(f"{rate ** (i + 1) if i < n else 0.0:.6f}" for i in range(64))
             spec = ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(n), "--spec-draft-n-min", "0",
                     "--spec-synth-rates", rates]
             row = {"rate": rate, "n_max": n}
