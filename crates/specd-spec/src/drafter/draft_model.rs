@@ -37,18 +37,6 @@ impl DraftModel {
             p_min,
         }
     }
-
-    fn argmax_prob(logits: &[f32]) -> (u32, f32) {
-        let mut best = 0usize;
-        for (i, &v) in logits.iter().enumerate() {
-            if v > logits[best] {
-                best = i;
-            }
-        }
-        let m = logits[best];
-        let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
-        (best as u32, 1.0 / z)
-    }
 }
 
 impl Drafter for DraftModel {
@@ -94,7 +82,7 @@ impl Drafter for DraftModel {
             None
         };
         let mut drafts = Vec::new();
-        let (mut tok, mut p) = Self::argmax_prob(out.logits(0));
+        let (mut tok, mut p) = super::argmax_prob(out.logits(0));
         while drafts.len() < n_max && p >= self.p_min {
             drafts.push(tok);
             if drafts.len() == n_max {
@@ -104,7 +92,7 @@ impl Drafter for DraftModel {
             let out = self
                 .model
                 .decode(&mut self.mem, &Batch::from_tokens(&[tok], pos, SEQ, true))?;
-            (tok, p) = Self::argmax_prob(out.logits(0));
+            (tok, p) = super::argmax_prob(out.logits(0));
         }
         // Back to the accepted sequence.
         let n_fed_drafts = self.mem.n_past(SEQ) - tokens.len();

@@ -7,6 +7,20 @@ pub mod synthetic;
 
 use crate::SpecError;
 
+/// The most likely token and its probability under a softmax of `logits` (the greedy choice and
+/// confidence of model drafters, compared with `p_min`).
+pub(crate) fn argmax_prob(logits: &[f32]) -> (u32, f32) {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    let m = logits[best];
+    let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
+    (best as u32, 1.0 / z)
+}
+
 /// A source of draft tokens for one sequence.
 pub trait Drafter: Send {
     /// `--spec-type` name.

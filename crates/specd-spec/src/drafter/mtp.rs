@@ -59,18 +59,6 @@ impl MtpDrafter {
             lost: false,
         })
     }
-
-    fn argmax_prob(logits: &[f32]) -> (u32, f32) {
-        let mut best = 0usize;
-        for (i, &v) in logits.iter().enumerate() {
-            if v > logits[best] {
-                best = i;
-            }
-        }
-        let m = logits[best];
-        let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
-        (best as u32, 1.0 / z)
-    }
 }
 
 impl Drafter for MtpDrafter {
@@ -131,7 +119,7 @@ impl Drafter for MtpDrafter {
         let h = self.n_embd;
         let mut prev_h = hm[(rows.len() - 1) * h..].to_vec();
         let mut drafts = Vec::new();
-        let (mut tok, mut prob) = Self::argmax_prob(&logits);
+        let (mut tok, mut prob) = super::argmax_prob(&logits);
         while drafts.len() < n_max && prob >= self.p_min {
             drafts.push(tok);
             if drafts.len() == n_max {
@@ -141,7 +129,7 @@ impl Drafter for MtpDrafter {
                 self.model
                     .decode_mtp(&mut self.mem, SEQ, &[tok], p + drafts.len(), &prev_h)?;
             prev_h = hm;
-            (tok, prob) = Self::argmax_prob(&logits);
+            (tok, prob) = super::argmax_prob(&logits);
         }
         // Keep only the mirrored target rows (positions < p) in the head's cache.
         self.mem.remove_from(SEQ, p)?;
