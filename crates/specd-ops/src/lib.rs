@@ -25,7 +25,7 @@ pub mod rope;
 pub mod vec;
 pub mod weight;
 
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_with};
 pub use weight::{ByteSource, Weight, WeightType};
 
 /// Errors raised by kernels on inconsistent shapes or unsupported weight types.
@@ -37,23 +37,73 @@ pub enum OpsError {
     UnsupportedType(String),
 }
 
-/// Does this CPU have the AVX2/FMA/F16C kernels? Checked once; the answer never changes during
-/// a run, so every call takes the same path (needed for batch invariance).
+/// Instruction-set level of the kernels. Detected once per process; the answer never changes
+/// during a run, so every call takes the same path (needed for batch invariance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust (`SPECD_NO_SIMD` set, or a CPU without AVX2).
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 (F, BW, VL, DQ) with VNNI: 64-byte integer dot products in one instruction.
+    /// `SPECD_NO_AVX512` forces [`Isa::Avx2`] instead.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every level this CPU can run, lowest first (tests compare them).
+    pub fn available() -> Vec<Isa> {
+        let best = isa_detected();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| *i <= best)
+            .collect()
+    }
+}
+
+/// The level the kernels use in this process.
 #[inline]
-pub fn has_avx2() -> bool {
+pub fn isa() -> Isa {
+    use std::sync::OnceLock;
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = isa_detected();
+        if std::env::var_os("SPECD_NO_SIMD").is_some() {
+            Isa::Scalar
+        } else if std::env::var_os("SPECD_NO_AVX512").is_some() {
+            best.min(Isa::Avx2)
+        } else {
+            best
+        }
+    })
+}
+
+/// What the CPU supports, ignoring the environment overrides.
+fn isa_detected() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::env::var_os("SPECD_NO_SIMD").is_none()
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        let avx512 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vnni");
+        match (avx2, avx512) {
+            (true, true) => Isa::Avx512Vnni,
+            (true, false) => Isa::Avx2,
+            _ => Isa::Scalar,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        Isa::Scalar
     }
+}
+
+/// Does this process use the AVX2/FMA/F16C kernels (or better)?
+#[inline]
+pub fn has_avx2() -> bool {
+    isa() >= Isa::Avx2
 }

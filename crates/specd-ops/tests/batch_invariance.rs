@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use specd_ops::attention::{attention, AttnShape};
 use specd_ops::delta_net::{gated_delta_rule, GdnInputs, GdnShape};
-use specd_ops::{matmul, Weight, WeightType};
+use specd_ops::{matmul, matmul_with, Isa, Weight, WeightType};
 
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
     let mut s = seed
@@ -83,30 +83,37 @@ const TYPES: [WeightType; 5] = [
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..20, ti in 0usize..5, seed in 0u64..1000, pick in 0usize..20) {
+    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..5, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
         let wt = TYPES[ti];
-        let (rows, cols) = (37, 96);
+        // 96 columns = an odd number of 32-blocks (the VNNI kernel's single-block tail).
+        let (rows, cols) = (37, if wide { 128 } else { 96 });
         let w = weight(wt, rows, cols, seed);
         let mut r = lcg(seed + 7);
         let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
-        let mut all = vec![0f32; n * rows];
-        matmul(&x, n, &w, &mut all).unwrap();
         let i = pick % n;
-        let mut one = vec![0f32; rows];
-        matmul(&x[i * cols..(i + 1) * cols], 1, &w, &mut one).unwrap();
-        prop_assert_eq!(&all[i * rows..(i + 1) * rows], &one[..]);
+        for isa in Isa::available() {
+            let mut all = vec![0f32; n * rows];
+            matmul_with(isa, &x, n, &w, &mut all).unwrap();
+            let mut one = vec![0f32; rows];
+            matmul_with(isa, &x[i * cols..(i + 1) * cols], 1, &w, &mut one).unwrap();
+            prop_assert_eq!(&all[i * rows..(i + 1) * rows], &one[..], "{:?}", isa);
+        }
     }
 }
 
 #[test]
 fn matmul_matches_dequantised_reference() {
-    for wt in TYPES {
-        let (rows, cols, n) = (19, 128, 3);
+    for (wt, isa, cols) in TYPES
+        .into_iter()
+        .flat_map(|t| Isa::available().into_iter().map(move |i| (t, i)))
+        .flat_map(|(t, i)| [(t, i, 128), (t, i, 96)])
+    {
+        let (rows, n) = (19, 11);
         let w = weight(wt, rows, cols, 3);
         let mut r = lcg(11);
         let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
         let mut out = vec![0f32; n * rows];
-        matmul(&x, n, &w, &mut out).unwrap();
+        matmul_with(isa, &x, n, &w, &mut out).unwrap();
         let mut wf = vec![0f32; cols];
         for o in 0..rows {
             w.dequantize_row(o, &mut wf);
@@ -120,7 +127,7 @@ fn matmul_matches_dequantised_reference() {
                 };
                 assert!(
                     (got - exact).abs() < tol,
-                    "{wt:?} row {i} out {o}: {got} vs {exact}"
+                    "{wt:?} {isa:?} {cols} row {i} out {o}: {got} vs {exact}"
                 );
             }
         }

@@ -1,0 +1,62 @@
+//! Matmul kernel cost by batch width and kernel level, on one thread:
+//! `cargo bench -p specd-ops --bench matmul`.
+//!
+//! Prints the best-of-N time per call (the minimum is the figure least disturbed by other load on
+//! the machine) for a Qwen3.5-0.8B FFN-shaped Q8_0 / Q4_0 matrix, and each width's cost relative
+//! to one row — the number that decides whether a verification batch costs about one plain step.
+
+use specd_ops::{matmul_with, Isa, Weight, WeightType};
+use std::time::Instant;
+
+fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
+    let nb = rows * cols / 32;
+    let bb = wt.block_bytes();
+    let mut bytes = vec![0u8; nb * bb];
+    let mut s = 0x9e3779b97f4a7c15u64;
+    for b in bytes.chunks_exact_mut(bb) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        for v in &mut b[2..] {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *v = s as u8;
+        }
+    }
+    Weight::from_bytes(wt, rows, cols, bytes).expect("weight")
+}
+
+fn main() {
+    let (rows, cols) = (3584, 1024);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    println!("matmul {rows}x{cols}, 1 thread, best of 15 (ms per call; × = vs 1 row)");
+    for wt in [WeightType::Q8_0, WeightType::Q4_0] {
+        let w = weight(wt, rows, cols);
+        for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
+            let mut line = format!("{:5} {:11}", wt.name(), format!("{isa:?}"));
+            let mut base = 0.0;
+            for n in [1usize, 2, 4, 8, 16, 32] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+                    .collect();
+                let mut out = vec![0f32; n * rows];
+                let best = pool.install(|| {
+                    (0..15)
+                        .map(|_| {
+                            let t = Instant::now();
+                            matmul_with(isa, &x, n, &w, &mut out).expect("matmul");
+                            t.elapsed().as_secs_f64() * 1e3
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                });
+                if n == 1 {
+                    base = best;
+                }
+                line += &format!("  n={n}: {best:.3} ({:.2}×)", best / base);
+            }
+            println!("{line}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! AVX2 + FMA kernels: 32-lane i8 dot products via `maddubs`, four activation rows per weight
+//! load.
+
+use crate::quant::BlockQ8;
+use crate::weight::WeightType;
+use std::arch::x86_64::*;
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    unsafe {
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+/// Signed i8·i8 dot of 32 pairs, as 8 i32 lanes converted to f32. `aw` = |w|.
+#[inline(always)]
+unsafe fn dot_i8(aw: __m256i, w: __m256i, x: __m256i) -> __m256 {
+    unsafe {
+        let sx = _mm256_sign_epi8(x, w);
+        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+        _mm256_cvtepi32_ps(p)
+    }
+}
+
+/// One Q8_0 weight row against `R` quantised activation rows. Block `b` accumulates into
+/// `acc[b % 2]`; the order is the same for every `R`, which is what batch invariance needs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    x: [*const BlockQ8; R],
+) -> [f32; R] {
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..nb {
+            let wb = w.add(b * 34);
+            let dw = f16_at(wb);
+            let wq = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+            let aw = _mm256_sign_epi8(wq, wq);
+            for r in 0..R {
+                let xb = &*x[r].add(b);
+                let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                let p = dot_i8(aw, wq, xq);
+                let a = &mut acc[r][b & 1];
+                *a = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xb.d), *a);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
+        out
+    }
+}
+
+/// One Q4_0 weight row against `R` quantised activation rows (same order rules as Q8_0).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_0<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    x: [*const BlockQ8; R],
+) -> [f32; R] {
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mask = _mm_set1_epi8(0x0f);
+        let eight = _mm256_set1_epi8(8);
+        for b in 0..nb {
+            let wb = w.add(b * 18);
+            let dw = f16_at(wb);
+            let raw = _mm_loadu_si128(wb.add(2) as *const __m128i);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            let wq = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+            let aw = _mm256_sign_epi8(wq, wq);
+            for r in 0..R {
+                let xb = &*x[r].add(b);
+                let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                let p = dot_i8(aw, wq, xq);
+                let a = &mut acc[r][b & 1];
+                *a = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xb.d), *a);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
+        out
+    }
+}
+
+#[inline(always)]
+unsafe fn load8(wt: WeightType, w: *const u8, i: usize) -> __m256 {
+    unsafe {
+        match wt {
+            WeightType::F32 => _mm256_loadu_ps((w as *const f32).add(i)),
+            WeightType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(i * 2) as *const __m128i)),
+            _ => {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(i * 2) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load1(wt: WeightType, w: *const u8, i: usize) -> f32 {
+    unsafe {
+        match wt {
+            WeightType::F32 => std::ptr::read_unaligned((w as *const f32).add(i)),
+            WeightType::F16 => f16_at(w.add(i * 2)),
+            _ => {
+                f32::from_bits((std::ptr::read_unaligned(w.add(i * 2) as *const u16) as u32) << 16)
+            }
+        }
+    }
+}
+
+/// One float weight row (F32/F16/BF16) against `R` f32 activation rows: two 8-lane
+/// accumulators per row over 16-wide steps, then an 8-wide step, then a scalar tail — the same
+/// sequence for every `R`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_float<const R: usize>(
+    wt: WeightType,
+    w: *const u8,
+    cols: usize,
+    x: [*const f32; R],
+) -> [f32; R] {
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut i = 0;
+        while i + 16 <= cols {
+            let w0 = load8(wt, w, i);
+            let w1 = load8(wt, w, i + 8);
+            for r in 0..R {
+                acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r].add(i)), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[r].add(i + 8)), acc[r][1]);
+            }
+            i += 16;
+        }
+        if i + 8 <= cols {
+            let w0 = load8(wt, w, i);
+            for r in 0..R {
+                acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[r].add(i)), acc[r][0]);
+            }
+            i += 8;
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
+        while i < cols {
+            let wv = load1(wt, w, i);
+            for r in 0..R {
+                out[r] += wv * *x[r].add(i);
+            }
+            i += 1;
+        }
+        out
+    }
+}
