@@ -1,6 +1,9 @@
 //! `specd bench`: speed of the engine (llama-bench style pp/tg) and of speculative decoding
 //! (plain vs each drafter vs each rollback mode over ../shared/workloads, and a synthetic
-//! acceptance sweep). Prints ratios; `--json` for machines.
+//! acceptance sweep). Prints ratios; `--json` for machines. `--server URL` load-tests a running
+//! server instead (`server_load`).
+
+mod server_load;
 
 use crate::generate::{ModelArgs, SamplingArgs};
 use anyhow::{bail, Context, Result};
@@ -11,7 +14,7 @@ use specd_memory::MemoryConfig;
 use specd_models::{Batch, Model};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, SpecStats};
 use specd_tokenizer::{ChatMessage, ChatTemplate};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,8 +30,13 @@ pub struct BenchArgs {
     /// Prompt length for the pp test.
     #[arg(long = "n-prompt", default_value_t = 128)]
     pub n_prompt: usize,
-    /// Tokens generated per test.
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    /// Tokens generated per test (with --server: `max_tokens` of each request).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        alias = "n-predict",
+        default_value_t = 128
+    )]
     pub n_gen: usize,
     /// Repetitions of the speed tests (the median is reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
@@ -65,9 +73,46 @@ pub struct BenchArgs {
     pub max_prompts: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Print JSON instead of tables.
+    /// JSON output: `--json` prints it instead of the tables; `--json PATH` writes it to PATH
+    /// and still prints the tables.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<PathBuf>,
+    /// Load-test a running OpenAI / llama.cpp-compatible server (`specd serve`, llama-server)
+    /// over the workloads instead of running a model here; `--mode` and the model flags are
+    /// then ignored.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// With --server: clients (requests in flight) at once; also the number of copies of the
+    /// multi-turn conversation run together.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// With --server: sent as `Authorization: Bearer KEY`.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// With --server: stream the responses (SSE), to measure time to first token.
     #[arg(long)]
-    pub json: bool,
+    pub stream: bool,
+    /// With --server: send `ignore_eos` so every request generates exactly -n tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// With --server: seconds before an unanswered request counts as failed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+}
+
+/// Writes the JSON report where `--json` says: `-` (the flag without a path) is stdout, and
+/// the return value is then true (print nothing else).
+fn emit_json(json: Option<&Path>, report: &impl Serialize) -> Result<bool> {
+    let Some(path) = json else {
+        return Ok(false);
+    };
+    let text = serde_json::to_string_pretty(report)?;
+    if path == Path::new("-") {
+        println!("{text}");
+        return Ok(true);
+    }
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    Ok(false)
 }
 
 #[derive(Serialize, Default)]
@@ -124,9 +169,14 @@ fn bar(n: usize, msg: &str) -> ProgressBar {
 
 /// llama-bench style: pp = one batch of n_prompt tokens; tg = n_gen single-token decodes.
 fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
+    // The verification-width test below decodes after 32 prompt tokens.
+    if a.n_prompt < 32 {
+        bail!("--n-prompt must be at least 32");
+    }
     let n_vocab = model.config().n_vocab as u32;
     let cfg = MemoryConfig {
-        n_ctx: a.n_prompt + a.n_gen + 64,
+        // The width test writes up to 32 + 5 × 16 positions.
+        n_ctx: a.n_prompt.max(112) + a.n_gen + 64,
         max_seqs: 1,
         ..Default::default()
     };
@@ -321,6 +371,9 @@ fn row(
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(url) = &a.server {
+        return server_load::run(url, &a);
+    }
     let model = a.model.load()?;
     let mut rep = Report {
         model: a
@@ -462,8 +515,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         pb.finish_and_clear();
     }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&rep)?);
+    if emit_json(a.json.as_deref(), &rep)? {
         return Ok(());
     }
     println!("model: {}  threads: {}", rep.model, rep.threads);

@@ -5,88 +5,14 @@
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_specd");
-
-/// The tiny hybrid model, generated once per test binary. "repetitive" weights loop, so the
-/// n-gram drafters find drafts and speculation really runs.
-fn model() -> &'static PathBuf {
-    static M: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &M.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = dir.path().join("tiny.gguf");
-        let out = Command::new(BIN)
-            .args([
-                "make-test-model",
-                "--preset",
-                "qwen35-tiny",
-                "--style",
-                "repetitive",
-                "-o",
-            ])
-            .arg(&p)
-            .output()
-            .expect("running make-test-model");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (dir, p)
-    })
-    .1
-}
-
-/// A running `specd serve`; killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<String>>,
-}
+mod common;
+use common::{Server, BIN};
 
 impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
-            .args(["serve", "-m"])
-            .arg(model())
-            .args(["--port", "0", "-t", "1"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting specd serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(a) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(a.trim().to_string());
-                }
-                let mut l = log2.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("server did not start:\n{}", log.lock().unwrap());
-            }
-        };
-        Server { child, addr, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
     fn get(&self, path: &str) -> Resp {
         request(&self.addr, "GET", path, &[], None)
     }
@@ -112,13 +38,6 @@ impl Server {
         let r = self.get("/metrics");
         assert_eq!(r.status, 200);
         r.text()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

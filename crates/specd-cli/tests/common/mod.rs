@@ -1,0 +1,98 @@
+//! Helpers shared by the integration tests: the tiny test model and a running `specd serve`.
+
+// Each test binary uses its own subset of these.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_specd");
+
+/// The tiny hybrid model, generated once per test binary. "repetitive" weights loop, so the
+/// n-gram drafters find drafts and speculation really runs.
+pub fn model() -> &'static PathBuf {
+    static M: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &M.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("tiny.gguf");
+        let out = Command::new(BIN)
+            .args([
+                "make-test-model",
+                "--preset",
+                "qwen35-tiny",
+                "--style",
+                "repetitive",
+                "-o",
+            ])
+            .arg(&p)
+            .output()
+            .expect("running make-test-model");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (dir, p)
+    })
+    .1
+}
+
+/// A running `specd serve`; killed on drop.
+pub struct Server {
+    pub child: Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+    /// Its stderr so far.
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `specd serve` on the tiny model, on a free port, with `extra` flags.
+    pub fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["serve", "-m"])
+            .arg(model())
+            .args(["--port", "0", "-t", "1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting specd serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(a.trim().to_string());
+                }
+                let mut l = log2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("server did not start:\n{}", log.lock().unwrap());
+            }
+        };
+        Server { child, addr, log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
