@@ -25,17 +25,59 @@ fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
     Weight::from_bytes(wt, rows, cols, bytes).expect("weight")
 }
 
+/// Decode-shaped pass over a matrix far larger than the caches (the 0.8B model's output
+/// projection), on every thread: one row, so the figure is memory bandwidth as the kernel sees it.
+fn streaming() {
+    let (rows, cols) = (248_320, 1024);
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+        .collect();
+    let mut out = vec![0f32; rows];
+    let q = weight(WeightType::Q8_0, rows, cols);
+    let p = specd_ops::pack::pack_q8_0(&q).expect("pack");
+    for (w, isa) in [
+        (&q, Isa::Avx2),
+        (&q, Isa::Avx512Vnni),
+        (&p, Isa::Avx512Vnni),
+    ] {
+        if !Isa::available().contains(&isa) {
+            continue;
+        }
+        let best = (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                matmul_with(isa, &x, 1, w, &mut out).expect("matmul");
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "stream {rows}x{cols} {:13} {isa:?}: {:.2} ms, {:.1} GB/s ({} threads)",
+            w.wtype.name(),
+            best * 1e3,
+            w.size_bytes() as f64 / best / 1e9,
+            rayon::current_num_threads()
+        );
+    }
+}
+
 fn main() {
+    streaming();
     let (rows, cols) = (3584, 1024);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .expect("pool");
     println!("matmul {rows}x{cols}, 1 thread, best of 15 (ms per call; × = vs 1 row)");
-    for wt in [WeightType::Q8_0, WeightType::Q4_0] {
-        let w = weight(wt, rows, cols);
-        for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
-            let mut line = format!("{:5} {:11}", wt.name(), format!("{isa:?}"));
+    for wt in [WeightType::Q8_0, WeightType::Q8_0Packed, WeightType::Q4_0] {
+        let w = if wt == WeightType::Q8_0Packed {
+            specd_ops::pack::pack_q8_0(&weight(WeightType::Q8_0, rows, cols)).expect("pack")
+        } else {
+            weight(wt, rows, cols)
+        };
+        let levels = Isa::available().into_iter().filter(|i| *i != Isa::Scalar);
+        // Packed rows are only read natively on the VNNI level.
+        for isa in levels.filter(|i| wt != WeightType::Q8_0Packed || *i == Isa::Avx512Vnni) {
+            let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
             let mut base = 0.0;
             for n in [1usize, 2, 4, 8, 16, 32] {
                 let x: Vec<f32> = (0..n * cols)

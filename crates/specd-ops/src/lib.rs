@@ -19,6 +19,7 @@ pub mod conv;
 pub mod delta_net;
 pub mod matmul;
 pub mod norm;
+pub mod pack;
 pub mod parallel;
 pub mod quant;
 pub mod rope;

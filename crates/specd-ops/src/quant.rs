@@ -64,6 +64,28 @@ pub fn quantize_row_u8(x: &[f32], qs: &mut [u8], scales: &mut [f32]) {
     }
 }
 
+/// Floats of block corrections per row for [`quantize_row_i8c`]: one per block, padded to 16.
+pub fn corr_len(cols: usize) -> usize {
+    (cols / 32).div_ceil(16) * 16
+}
+
+/// The packed-weight VNNI kernel's layout of the same quantisation as [`quantize_row_q8`]:
+/// signed quants, scales expanded as in [`quantize_row_u8`], and per block `128·d·Σq` — what the
+/// kernel must subtract because the packed weights carry +128 (zero padding up to
+/// [`corr_len`]).
+pub fn quantize_row_i8c(x: &[f32], qs: &mut [i8], scales: &mut [f32], corr: &mut [f32]) {
+    let mut q = [0i8; 32];
+    corr.fill(0.0);
+    for (b, xs) in x.chunks_exact(32).enumerate() {
+        let d = quantize_block(xs, &mut q);
+        qs[b * 32..(b + 1) * 32].copy_from_slice(&q);
+        let s0 = (b / 2) * 16 + (b % 2) * 8;
+        scales[s0..s0 + 8].fill(d);
+        let sum: i32 = q.iter().map(|&v| v as i32).sum();
+        corr[b] = 128.0 * d * sum as f32;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,10 @@ pub enum WeightType {
     Q8_0,
     /// ggml Q4_0: blocks of 32 weights = f16 scale + 16 bytes of nibbles (value = nibble − 8).
     Q4_0,
+    /// Q8_0 repacked at load time for the AVX-512 VNNI kernel (see [`crate::pack`]): per row,
+    /// all quants offset to unsigned (`q + 128`) and contiguous, then the row's f16 scales. Same
+    /// size as Q8_0; only whole rows can be dequantised.
+    Q8_0Packed,
 }
 
 impl WeightType {
@@ -22,7 +26,7 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 => 32,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0Packed => 32,
         }
     }
     /// Bytes per block.
@@ -30,7 +34,7 @@ impl WeightType {
         match self {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
-            WeightType::Q8_0 => 34,
+            WeightType::Q8_0 | WeightType::Q8_0Packed => 34,
             WeightType::Q4_0 => 18,
         }
     }
@@ -46,6 +50,7 @@ impl WeightType {
             WeightType::BF16 => "bf16",
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
+            WeightType::Q8_0Packed => "q8_0 (packed)",
         }
     }
 }
@@ -175,7 +180,8 @@ impl Weight {
     }
 }
 
-/// Dequantises a run of whole blocks of `wtype` into `out`.
+/// Dequantises a run of whole blocks of `wtype` into `out` (for [`WeightType::Q8_0Packed`]:
+/// exactly one whole row).
 pub fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
     match wtype {
         WeightType::F32 => {
@@ -198,6 +204,20 @@ pub fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 for (v, &q) in o.iter_mut().zip(&b[2..34]) {
                     *v = d * (q as i8) as f32;
+                }
+            }
+        }
+        WeightType::Q8_0Packed => {
+            let nb = out.len() / 32;
+            let (qs, scales) = bytes.split_at(nb * 32);
+            for ((o, q), d) in out
+                .chunks_exact_mut(32)
+                .zip(qs.chunks_exact(32))
+                .zip(scales.chunks_exact(2))
+            {
+                let d = f16::from_le_bytes([d[0], d[1]]).to_f32();
+                for (v, &q) in o.iter_mut().zip(q) {
+                    *v = d * (q as i32 - 128) as f32;
                 }
             }
         }

@@ -68,11 +68,16 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
             .collect(),
         WeightType::Q8_0 => quantize_q8_0(&data),
         WeightType::Q4_0 => quantize_q4_0(&data),
+        WeightType::Q8_0Packed => {
+            let q = Weight::from_bytes(WeightType::Q8_0, rows, cols, quantize_q8_0(&data)).unwrap();
+            return specd_ops::pack::pack_q8_0(&q).unwrap();
+        }
     };
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }
 
-const TYPES: [WeightType; 5] = [
+const TYPES: [WeightType; 6] = [
+    WeightType::Q8_0Packed,
     WeightType::F32,
     WeightType::F16,
     WeightType::BF16,
@@ -83,7 +88,7 @@ const TYPES: [WeightType; 5] = [
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..5, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
+    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..6, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
         let wt = TYPES[ti];
         // 96 columns = an odd number of 32-blocks (the VNNI kernel's single-block tail).
         let (rows, cols) = (37, if wide { 128 } else { 96 });
@@ -122,12 +127,46 @@ fn matmul_matches_dequantised_reference() {
                 let got = out[i * rows + o];
                 // Quantised types also quantise the activations to 8 bits.
                 let tol = match wt {
-                    WeightType::Q8_0 | WeightType::Q4_0 => 0.05 * (1.0 + exact.abs()),
+                    WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0Packed => {
+                        0.05 * (1.0 + exact.abs())
+                    }
                     _ => 1e-4 * (1.0 + exact.abs()),
                 };
                 assert!(
                     (got - exact).abs() < tol,
                     "{wt:?} {isa:?} {cols} row {i} out {o}: {got} vs {exact}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_q8_0_matches_q8_0_on_every_level() {
+    for cols in [96, 128, 544, 1056] {
+        let (rows, n) = (23, 9);
+        let mut r = lcg(cols as u64);
+        let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+        let q = Weight::from_bytes(WeightType::Q8_0, rows, cols, quantize_q8_0(&data)).unwrap();
+        let p = specd_ops::pack::pack_q8_0(&q).unwrap();
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        for o in 0..rows {
+            q.dequantize_row(o, &mut a);
+            p.dequantize_row(o, &mut b);
+            assert_eq!(a, b, "row {o}");
+        }
+        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+        for isa in Isa::available() {
+            let (mut oq, mut op) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            matmul_with(isa, &x, n, &q, &mut oq).unwrap();
+            matmul_with(isa, &x, n, &p, &mut op).unwrap();
+            // On VNNI: the same integer products, only the float summation order differs. Lower
+            // levels read packed rows through an unquantised fallback.
+            let tol = if isa == Isa::Avx512Vnni { 1e-4 } else { 0.05 };
+            for (u, v) in oq.iter().zip(&op) {
+                assert!(
+                    (u - v).abs() <= tol * (1.0 + u.abs()),
+                    "{isa:?} {cols}: {u} vs {v}"
                 );
             }
         }

@@ -146,3 +146,99 @@ pub unsafe fn dot<B: Blocks, const R: usize>(
         out
     }
 }
+
+/// Scales of blocks `16g .. 16g+16` of a packed row as f32 (zero past the row's `nb` blocks).
+#[inline(always)]
+unsafe fn packed_scales(scales: *const u8, nb: usize, g: usize) -> __m512 {
+    unsafe {
+        let left = nb - 16 * g;
+        let sp = scales.add(32 * g) as *const __m256i;
+        if left >= 16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(sp))
+        } else {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                ((1u32 << left) - 1) as u16,
+                sp as _,
+            ))
+        }
+    }
+}
+
+/// One [`Q8_0Packed`](crate::WeightType::Q8_0Packed) weight row (`nb` blocks) against a tile of
+/// `R` activation rows quantised by [`quantize_row_i8c`] and interleaved per block pair (see
+/// `PackedActs` in the parent module): pair `p` of tile row `r` is at `xq + 64·(p·R + r)`, its
+/// expanded scales at `xs + 16·(p·R + r)`, and the corrections of block group `g` at
+/// `xc + 16·(g·R + r)`. Interleaving keeps every row's address a constant offset from one
+/// pointer — with one pointer per row, eight rows spilled the general-purpose registers.
+///
+/// Per block pair the weight side is one 64-byte load and one permute (the pair's scales, out of
+/// 16 converted at once); per row it is `vpdpbusd`, convert, scale multiply, FMA. The +128 the
+/// weights carry is removed at the end as Σ_b d_w(b)·corr(b), one FMA per 16 blocks per row.
+///
+/// [`quantize_row_i8c`]: crate::quant::quantize_row_i8c
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // `r` also addresses the tile's rows
+pub unsafe fn dot_packed<const R: usize>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    xs: *const f32,
+    xc: *const f32,
+) -> [f32; R] {
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let scales = w.add(nb * 32);
+        let first_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let two = _mm512_set1_epi32(2);
+        let full_pairs = nb / 2;
+        let groups = nb.div_ceil(16);
+        for g in 0..groups {
+            let wsc = packed_scales(scales, nb, g);
+            let mut idx = first_pair;
+            let p0 = 8 * g;
+            for p in p0..full_pairs.min(p0 + 8) {
+                let ws = _mm512_permutexvar_ps(idx, wsc);
+                idx = _mm512_add_epi32(idx, two);
+                let wv = _mm512_loadu_si512(w.add(64 * p) as *const __m512i);
+                let qp = xq.add(64 * R * p);
+                let sp = xs.add(16 * R * p);
+                for r in 0..R {
+                    let xv = _mm512_loadu_si512(qp.add(64 * r) as *const __m512i);
+                    let ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                    let s = _mm512_mul_ps(ws, _mm512_loadu_ps(sp.add(16 * r)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
+                }
+            }
+            if nb % 2 == 1 && full_pairs < p0 + 8 {
+                // The single last block: its upper half is masked off (zero weights), and its
+                // scales sit in lanes 0..8 of the pair's slot.
+                let p = full_pairs;
+                let ws = _mm512_permutexvar_ps(idx, wsc);
+                let half = 0xffff_ffffu64;
+                let wv = _mm512_maskz_loadu_epi8(half, w.add(64 * p) as *const i8);
+                let qp = xq.add(64 * R * p);
+                let sp = xs.add(16 * R * p);
+                for r in 0..R {
+                    let xv = _mm512_maskz_loadu_epi8(half, qp.add(64 * r));
+                    let ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                    let s = _mm512_mul_ps(ws, _mm512_loadu_ps(sp.add(16 * r)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
+                }
+            }
+        }
+        // The +128 correction in its own pass, so the main loop keeps only `acc` in registers.
+        let mut cacc = [_mm512_setzero_ps(); R];
+        for g in 0..groups {
+            let wsc = packed_scales(scales, nb, g);
+            let cp = xc.add(16 * R * g);
+            for r in 0..R {
+                cacc[r] = _mm512_fmadd_ps(wsc, _mm512_loadu_ps(cp.add(16 * r)), cacc[r]);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(cacc[r]);
+        }
+        out
+    }
+}

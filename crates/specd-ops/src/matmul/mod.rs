@@ -15,7 +15,7 @@ mod avx512;
 mod scalar;
 
 use crate::parallel::{chunk_len, SyncPtr};
-use crate::quant::{quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
+use crate::quant::{quantize_row_i8c, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
 use crate::weight::{Weight, WeightType};
 use crate::{Isa, OpsError};
 use rayon::prelude::*;
@@ -24,6 +24,7 @@ use rayon::prelude::*;
 const TILE: usize = 8;
 /// Activation rows kept hot in cache while a chunk of weight rows streams past (prefill).
 const ROW_BLOCK: usize = 16;
+const _: () = assert!(ROW_BLOCK.is_multiple_of(TILE), "tiles must stay aligned");
 
 /// Computes `out[r][o] = Σ_i x[r][i] · W[o][i]` for `n` rows: `x` is `n × w.cols`, `out` is
 /// `n × w.rows`, both row-major.
@@ -50,6 +51,28 @@ pub fn matmul_with(
         return Ok(());
     }
     let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
+    if w.wtype == WeightType::Q8_0Packed {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512Vnni {
+            let acts = PackedActs::new(x, n, w.cols);
+            run(w, n, out, |wrow, rows, res| {
+                kernel_packed(wrow, &acts, rows, res)
+            });
+            return Ok(());
+        }
+        // A packed matrix on a lower level (tests only: packing happens for VNNI): dequantise
+        // the row and use the portable float dot.
+        let cols = w.cols;
+        run(w, n, out, |wrow, rows, res| {
+            let mut wf = vec![0f32; cols];
+            crate::weight::dequantize(w.wtype, wrow, &mut wf);
+            let wb: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for (r, &ri) in res.iter_mut().zip(rows) {
+                *r = scalar::dot_float(WeightType::F32, &wb, &x[ri * cols..(ri + 1) * cols]);
+            }
+        });
+        return Ok(());
+    }
     let quantised = matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0);
     #[cfg(target_arch = "x86_64")]
     if quantised && isa == Isa::Avx512Vnni {
@@ -177,6 +200,99 @@ fn kernel_vnni(
             by_rows!(avx512::Q8_0)
         } else {
             by_rows!(avx512::Q4_0)
+        }
+    }
+}
+
+/// Activations for the packed kernel: each row quantised by [`quantize_row_i8c`], then
+/// interleaved per tile of `TILE` rows so that one pointer addresses a whole tile (see
+/// [`avx512::dot_packed`]). Tiles start at multiples of `TILE` (the row walk in [`run`] keeps
+/// them there); the last one may be shorter.
+#[cfg(target_arch = "x86_64")]
+struct PackedActs {
+    qs: Vec<i8>,
+    scales: Vec<f32>,
+    corr: Vec<f32>,
+    n: usize,
+    /// Pairs per row (the odd last block gets a whole pair slot).
+    pairs: usize,
+    /// Blocks per row.
+    nb: usize,
+    /// Correction groups (16 blocks) per row.
+    groups: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PackedActs {
+    fn new(x: &[f32], n: usize, cols: usize) -> Self {
+        let nb = cols / 32;
+        let (pairs, groups) = (nb.div_ceil(2), nb.div_ceil(16));
+        let mut a = PackedActs {
+            qs: vec![0; n * pairs * 64],
+            scales: vec![0.0; n * pairs * 16],
+            corr: vec![0.0; n * groups * 16],
+            n,
+            pairs,
+            nb,
+            groups,
+        };
+        let (mut q, mut s, mut c) = (
+            vec![0i8; pairs * 64],
+            vec![0f32; pairs * 16],
+            vec![0f32; groups * 16],
+        );
+        for (r, row) in x.chunks_exact(cols).enumerate() {
+            quantize_row_i8c(row, &mut q[..cols], &mut s, &mut c);
+            let (t0, t) = a.tile(r);
+            let i = r - t0;
+            for p in 0..pairs {
+                let dq = (t0 * pairs + p * t + i) * 64;
+                a.qs[dq..dq + 64].copy_from_slice(&q[p * 64..p * 64 + 64]);
+                let ds = (t0 * pairs + p * t + i) * 16;
+                a.scales[ds..ds + 16].copy_from_slice(&s[p * 16..p * 16 + 16]);
+            }
+            for g in 0..groups {
+                let dc = (t0 * groups + g * t + i) * 16;
+                a.corr[dc..dc + 16].copy_from_slice(&c[g * 16..g * 16 + 16]);
+            }
+        }
+        a
+    }
+
+    /// First row and length of the tile holding row `r`.
+    fn tile(&self, r: usize) -> (usize, usize) {
+        let t0 = r / TILE * TILE;
+        (t0, TILE.min(self.n - t0))
+    }
+}
+
+/// Packed Q8_0 weights on the AVX-512 VNNI level: one tile of rows per call.
+#[cfg(target_arch = "x86_64")]
+fn kernel_packed(wrow: &[u8], a: &PackedActs, rows: &[usize], res: &mut [f32]) {
+    let t0 = rows[0];
+    debug_assert_eq!(a.tile(t0), (t0, rows.len()), "tiles must be aligned");
+    // SAFETY: VNNI level detected; `wrow` is one packed row of `nb` blocks; the tile at `t0`
+    // holds `rows.len()` rows of `pairs` pair slots and `groups` correction groups (built by
+    // `PackedActs::new` for this matrix's column count).
+    unsafe {
+        let q = a.qs.as_ptr().add(t0 * a.pairs * 64);
+        let s = a.scales.as_ptr().add(t0 * a.pairs * 16);
+        let c = a.corr.as_ptr().add(t0 * a.groups * 16);
+        macro_rules! go {
+            ($r:literal) => {{
+                let v = avx512::dot_packed::<$r>(wrow.as_ptr(), a.nb, q, s, c);
+                res.copy_from_slice(&v);
+            }};
+        }
+        match rows.len() {
+            8 => go!(8),
+            7 => go!(7),
+            6 => go!(6),
+            5 => go!(5),
+            4 => go!(4),
+            3 => go!(3),
+            2 => go!(2),
+            _ => go!(1),
         }
     }
 }
