@@ -12,6 +12,7 @@
 //! instruction computes from the weights alone. The per-row instruction sequence is identical for
 //! every tile size, so results are batch-invariant.
 
+use super::avx2::f16_at;
 use std::arch::x86_64::*;
 
 /// How to load a pair of weight blocks (64 signed bytes) and a single block (32).
@@ -73,14 +74,6 @@ impl Blocks for Q4_0 {
             let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
             _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
         }
-    }
-}
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    unsafe {
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 }
 
