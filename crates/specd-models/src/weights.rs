@@ -1,8 +1,8 @@
 //! Turning GGUF tensors into kernel-ready weights.
 //!
 //! Types with a native kernel (F32, F16, BF16, Q8_0, Q4_0) stay in the memory map: no copy, no
-//! load-time cost — except Q8_0 on AVX-512 VNNI CPUs, which is repacked once into the layout its
-//! kernel reads fastest (`specd_ops::pack`). Other quantisations (Q4_1, Q5_x, K-quants) are dequantised to F32 once at load
+//! load-time cost — except Q8_0 on AVX-512 VNNI CPUs with `SPECD_REPACK` set, which is repacked
+//! once (`specd_ops::pack`). Other quantisations (Q4_1, Q5_x, K-quants) are dequantised to F32 once at load
 //! — exact, but 4× the memory of F32; native kernels for them are future work.
 
 use crate::ModelError;
@@ -55,7 +55,7 @@ impl<'a> Loader<'a> {
                 let bytes = view.bytes_arc();
                 let len = bytes.len();
                 let w = Weight::new(wt, rows, cols, Arc::new(TensorBytes(bytes)), 0, len)?;
-                // Q8_0 is repacked for the AVX-512 VNNI kernel (a copy, same size).
+                // Opt-in repack of Q8_0 for the AVX-512 VNNI kernel (a copy, same size).
                 Ok(specd_ops::pack::for_current_isa(&w)?)
             }
             None => {
