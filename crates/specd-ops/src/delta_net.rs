@@ -5,7 +5,7 @@
 //! state is bit-identical to the state a plain decode would have produced.
 
 use crate::parallel::SyncPtr;
-use crate::vec::{decay_dot, update_dot};
+use crate::vec::delta_head_step;
 use rayon::prelude::*;
 
 /// Head layout of one Gated DeltaNet layer.
@@ -76,7 +76,9 @@ pub fn gated_delta_rule(
         .zip(state_in.par_chunks(head_len))
         .enumerate()
         .for_each(|(j, (s, s_in))| {
-            s.copy_from_slice(s_in);
+            if t_len == 0 {
+                s.copy_from_slice(s_in);
+            }
             let kh = shape.key_head(j);
             for t in 0..t_len {
                 let q = &inp.q[(t * n_k + kh) * d_k..][..d_k];
@@ -84,15 +86,11 @@ pub fn gated_delta_rule(
                 let v = &inp.v[(t * n_v + j) * d_v..][..d_v];
                 let g = inp.decay[t * n_v + j];
                 let b = inp.beta[t * n_v + j];
-                for (vi, row) in s.chunks_exact_mut(d_k).enumerate() {
-                    let u = decay_dot(row, g, k);
-                    let delta = b * (v[vi] - u);
-                    let o = update_dot(row, delta, k, q);
-                    if want_out {
-                        // SAFETY: (t, j, vi) is written by this head's task only.
-                        unsafe { out_ptr.write((t * n_v + j) * d_v + vi, o) };
-                    }
-                }
+                // SAFETY: outputs (t, j, ·) are written by this head's task only.
+                let o = want_out.then(|| unsafe { out_ptr.slice_mut((t * n_v + j) * d_v, d_v) });
+                // The first token reads the input state directly (no copy into `s` first).
+                let from = (t == 0).then_some(s_in);
+                delta_head_step(from, s, d_k, g, b, k, v, q, o);
                 if let (Some(sp), true) = (snap_ptr, t >= snap_first) {
                     let slot = t - snap_first;
                     // SAFETY: head j's slice of each snapshot belongs to this task only.

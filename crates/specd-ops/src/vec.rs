@@ -89,17 +89,217 @@ pub fn scale(a: f32, y: &mut [f32]) {
     }
 }
 
-/// One delta-rule row step, fused so the state row is read once per pass:
-/// `row *= decay; u = row·k`, returns `u`.
+/// One token of the delta rule for one head whose state is `d_v` rows of `d_k` (see
+/// `delta_net`): for every row, `row = decay·src_row; u = row·k; row += β(v_row − u)·k;
+/// out_row = row·q`. `src` is the state before the token (`None`: `state` itself, updated in
+/// place); reading it here instead of copying it into `state` first saves a pass over the state,
+/// which for decode is the largest memory stream after the weights.
+///
+/// Rounding is the same as [`dot`] plus separate multiply and add, so the SIMD and scalar paths
+/// of one machine agree with the unfused form; every decode path calls this one function, which
+/// is what keeps single-token and batched recurrences bit-identical.
+#[allow(clippy::too_many_arguments)]
 #[inline]
-pub fn decay_dot(row: &mut [f32], decay: f32, k: &[f32]) -> f32 {
-    scale(decay, row);
-    dot(row, k)
+pub fn delta_head_step(
+    src: Option<&[f32]>,
+    state: &mut [f32],
+    d_k: usize,
+    decay: f32,
+    beta: f32,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    out: Option<&mut [f32]>,
+) {
+    assert!(k.len() == d_k && q.len() == d_k && state.len() == v.len() * d_k);
+    if let Some(s) = src {
+        assert_eq!(s.len(), state.len());
+    }
+    if let Some(o) = &out {
+        assert_eq!(o.len(), v.len());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2() {
+        // SAFETY: features checked; lengths asserted above.
+        unsafe { delta_head_step_avx2(src, state, d_k, decay, beta, k, v, q, out) };
+        return;
+    }
+    let mut out = out;
+    for (vi, row) in state.chunks_exact_mut(d_k).enumerate() {
+        match src {
+            Some(s) => {
+                for (r, &x) in row.iter_mut().zip(&s[vi * d_k..(vi + 1) * d_k]) {
+                    *r = x * decay;
+                }
+            }
+            None => scale(decay, row),
+        }
+        let u = dot(row, k);
+        let delta = beta * (v[vi] - u);
+        axpy(delta, k, row);
+        let o = dot(row, q);
+        if let Some(out) = out.as_deref_mut() {
+            out[vi] = o;
+        }
+    }
 }
 
-/// `row += delta·k`, returns `row·q` (the updated row read against the query).
-#[inline]
-pub fn update_dot(row: &mut [f32], delta: f32, k: &[f32], q: &[f32]) -> f32 {
-    axpy(delta, k, row);
-    dot(row, q)
+/// AVX2 body of [`delta_head_step`]: each row is loaded once, scaled, reduced against `k`,
+/// updated and reduced against `q` while it sits in L1, with [`dot_avx2`]'s reduction order.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn delta_head_step_avx2(
+    src: Option<&[f32]>,
+    state: &mut [f32],
+    d_k: usize,
+    decay: f32,
+    beta: f32,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    mut out: Option<&mut [f32]>,
+) {
+    unsafe {
+        let n32 = d_k / 32 * 32;
+        let n8 = d_k / 8 * 8;
+        let (pk, pq) = (k.as_ptr(), q.as_ptr());
+        let g = _mm256_set1_ps(decay);
+        for vi in 0..v.len() {
+            let dst = state.as_mut_ptr().add(vi * d_k);
+            let from = src.map_or(dst as *const f32, |s| s.as_ptr().add(vi * d_k));
+            // row = decay·src; u = row·k
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < n32 {
+                for (j, ac) in acc.iter_mut().enumerate() {
+                    let o = i + 8 * j;
+                    let r = _mm256_mul_ps(_mm256_loadu_ps(from.add(o)), g);
+                    _mm256_storeu_ps(dst.add(o), r);
+                    *ac = _mm256_fmadd_ps(r, _mm256_loadu_ps(pk.add(o)), *ac);
+                }
+                i += 32;
+            }
+            while i < n8 {
+                let r = _mm256_mul_ps(_mm256_loadu_ps(from.add(i)), g);
+                _mm256_storeu_ps(dst.add(i), r);
+                acc[0] = _mm256_fmadd_ps(r, _mm256_loadu_ps(pk.add(i)), acc[0]);
+                i += 8;
+            }
+            let mut u = hsum(_mm256_add_ps(
+                _mm256_add_ps(acc[0], acc[1]),
+                _mm256_add_ps(acc[2], acc[3]),
+            ));
+            while i < d_k {
+                let r = *from.add(i) * decay;
+                *dst.add(i) = r;
+                u += r * k[i];
+                i += 1;
+            }
+            // row += delta·k (multiply, then add: axpy's rounding); o = row·q
+            let delta = beta * (v[vi] - u);
+            let dv = _mm256_set1_ps(delta);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < n32 {
+                for (j, ac) in acc.iter_mut().enumerate() {
+                    let o = i + 8 * j;
+                    let r = _mm256_add_ps(
+                        _mm256_loadu_ps(dst.add(o)),
+                        _mm256_mul_ps(dv, _mm256_loadu_ps(pk.add(o))),
+                    );
+                    _mm256_storeu_ps(dst.add(o), r);
+                    *ac = _mm256_fmadd_ps(r, _mm256_loadu_ps(pq.add(o)), *ac);
+                }
+                i += 32;
+            }
+            while i < n8 {
+                let r = _mm256_add_ps(
+                    _mm256_loadu_ps(dst.add(i)),
+                    _mm256_mul_ps(dv, _mm256_loadu_ps(pk.add(i))),
+                );
+                _mm256_storeu_ps(dst.add(i), r);
+                acc[0] = _mm256_fmadd_ps(r, _mm256_loadu_ps(pq.add(i)), acc[0]);
+                i += 8;
+            }
+            let mut o = hsum(_mm256_add_ps(
+                _mm256_add_ps(acc[0], acc[1]),
+                _mm256_add_ps(acc[2], acc[3]),
+            ));
+            while i < d_k {
+                let r = *dst.add(i) + delta * k[i];
+                *dst.add(i) = r;
+                o += r * q[i];
+                i += 1;
+            }
+            if let Some(out) = out.as_deref_mut() {
+                out[vi] = o;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unfused reference: copy, scale, dot, axpy, dot.
+    fn reference(
+        src: &[f32],
+        d_k: usize,
+        g: f32,
+        b: f32,
+        k: &[f32],
+        v: &[f32],
+        q: &[f32],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut st = src.to_vec();
+        let mut out = vec![0f32; v.len()];
+        for (vi, row) in st.chunks_exact_mut(d_k).enumerate() {
+            scale(g, row);
+            let u = dot(row, k);
+            axpy(b * (v[vi] - u), k, row);
+            out[vi] = dot(row, q);
+        }
+        (st, out)
+    }
+
+    #[test]
+    fn fused_delta_step_equals_unfused_bit_for_bit() {
+        let mut x = 0x1234_5678u32;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) - 0.5
+        };
+        for d_k in [128usize, 64, 45, 8, 3] {
+            let d_v = 5;
+            let src: Vec<f32> = (0..d_k * d_v).map(|_| rnd()).collect();
+            let k: Vec<f32> = (0..d_k).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..d_k).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..d_v).map(|_| rnd()).collect();
+            let (want_st, want_out) = reference(&src, d_k, 0.93, 0.6, &k, &v, &q);
+            // From a separate source buffer.
+            let mut st = vec![f32::NAN; src.len()];
+            let mut out = vec![0f32; d_v];
+            delta_head_step(
+                Some(&src),
+                &mut st,
+                d_k,
+                0.93,
+                0.6,
+                &k,
+                &v,
+                &q,
+                Some(&mut out),
+            );
+            assert_eq!(st, want_st, "d_k {d_k}");
+            assert_eq!(out, want_out, "d_k {d_k}");
+            // In place, without outputs.
+            let mut st = src.clone();
+            delta_head_step(None, &mut st, d_k, 0.93, 0.6, &k, &v, &q, None);
+            assert_eq!(st, want_st, "d_k {d_k} in place");
+        }
+    }
 }
