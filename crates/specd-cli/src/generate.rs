@@ -7,7 +7,7 @@ use serde_json::json;
 use specd_memory::MemoryConfig;
 use specd_models::{Model, ModelOptions};
 use specd_sampling::{GrammarSpec, SamplerParams};
-use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams};
+use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, VerifyKind};
 use specd_tokenizer::ChatMessage;
 use std::io::Write;
 use std::path::PathBuf;
@@ -125,6 +125,11 @@ pub struct SpecArgs {
     /// Always draft n-max (no never-slower controller).
     #[arg(long = "spec-fixed")]
     pub fixed: bool,
+    /// Draft verification: exact (output identical to plain decoding) or probabilistic
+    /// (rejection sampling for draft-simple / draft-mtp: same output distribution, not the same
+    /// tokens).
+    #[arg(long = "spec-verify", default_value = "exact")]
+    pub verify: String,
 }
 
 impl SpecArgs {
@@ -142,6 +147,12 @@ impl SpecArgs {
             p_min: self.p_min,
             adaptive: !self.fixed,
             synth_len: self.synth_len,
+            verify: VerifyKind::parse(&self.verify).with_context(|| {
+                format!(
+                    "unknown verification '{}' (exact, probabilistic)",
+                    self.verify
+                )
+            })?,
             ..SpecParams::default()
         };
         if let Some(r) = &self.synth_rates {
@@ -335,6 +346,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "speculative": {
                 "types": spec.drafters.iter().map(|d| d.name()).collect::<Vec<_>>(),
                 "rollback": a.spec.rollback()?.name(),
+                "verify": spec.verify.name(),
                 "acceptance_length": out.stats.acceptance_length(),
                 "acceptance_rate": out.stats.acceptance_rate(),
                 "stats": out.stats,

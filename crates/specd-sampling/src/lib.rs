@@ -8,6 +8,10 @@
 //! ([`position_uniform`]), and the history can be rolled back with
 //! [`Sampler::truncate_history`] when draft tokens are rejected.
 //!
+//! Speculative decoding verifies drafts exactly by default (the target's own draw must match the
+//! draft); [`rejection`] holds the opt-in probabilistic test ([`Sampler::sample_draft`],
+//! [`Sampler::verify_draft`]), which preserves the target distribution instead of the tokens.
+//!
 //! An optional [`Grammar`] (llguidance: GBNF, Lark, JSON schema, regex) masks
 //! the logits before the chain and rolls back with the history.
 //!
@@ -32,6 +36,7 @@ mod grammar;
 mod history;
 mod logprobs;
 mod params;
+pub mod rejection;
 mod rng;
 mod sampler;
 
@@ -39,5 +44,6 @@ pub use gbnf::gbnf_to_lark;
 pub use grammar::{Grammar, GrammarSpec, GrammarVocab};
 pub use logprobs::top_logprobs;
 pub use params::{SamplerParams, SamplingError, RANDOM_SEED};
+pub use rejection::Verdict;
 pub use rng::{draw, position_uniform};
 pub use sampler::Sampler;

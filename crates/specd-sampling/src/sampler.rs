@@ -7,6 +7,7 @@ use crate::chain::{argmax, clean, desc, filter, penalize, softmax, Cand, Work};
 use crate::grammar::Grammar;
 use crate::history::History;
 use crate::params::{SamplerParams, SamplingError};
+use crate::rejection::{verify_token, Verdict, LANE_ACCEPT, LANE_DRAFT, LANE_RESIDUAL};
 use crate::rng::{draw, draw_iter, position_uniform, resolve_seed};
 
 /// Buffers reused across calls so per-token sampling does not allocate
@@ -151,6 +152,38 @@ impl Sampler {
             [(id, _)] => *id,
             _ => draw(dist, self.uniform(pos, 0)),
         }
+    }
+
+    /// Samples a *draft* token for position `pos` from a drafter's `logits` under this sampler's
+    /// chain (penalties from this sampler's history, filters, temperature), with the draft lane
+    /// ([`LANE_DRAFT`]) so it is independent of the target's own draw for that position.
+    /// Returns the token and the distribution `q` it was drawn from (as
+    /// [`distribution`](Self::distribution)), which [`verify_draft`](Self::verify_draft) needs.
+    pub fn sample_draft(&self, logits: &[f32], pos: u64) -> (u32, Vec<(u32, f32)>) {
+        let q = self.distribution(logits);
+        let t = match q.as_slice() {
+            [] => 0,
+            [(id, _)] => *id,
+            _ => draw(&q, self.uniform(pos, LANE_DRAFT)),
+        };
+        (t, q)
+    }
+
+    /// Probabilistic verification (speculative rejection sampling) of draft token `x` at `pos`,
+    /// drawn by a drafter from `q`, against this sampler's distribution `p` for the target's
+    /// `logits` (penalties and grammar mask included): keeps `x` with probability
+    /// `min(1, p(x)/q(x))`, else returns the replacement drawn from `norm(max(0, p - q))`.
+    /// The coin and the replacement use their own lanes ([`LANE_ACCEPT`], [`LANE_RESIDUAL`]).
+    /// Does not change the sampler; [`accept`](Self::accept) the token that is kept.
+    pub fn verify_draft(&self, logits: &[f32], pos: u64, x: u32, q: &[(u32, f32)]) -> Verdict {
+        let p = self.distribution(logits);
+        verify_token(
+            &p,
+            q,
+            x,
+            self.uniform(pos, LANE_ACCEPT),
+            self.uniform(pos, LANE_RESIDUAL),
+        )
     }
 
     /// Appends a kept token to the history (and the penalty window) and advances the grammar.

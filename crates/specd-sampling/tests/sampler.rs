@@ -1,7 +1,9 @@
 //! Behavioural tests of the public sampler API.
 
 use proptest::prelude::*;
-use specd_sampling::{draw, top_logprobs, Sampler, SamplerParams, SamplingError, RANDOM_SEED};
+use specd_sampling::{
+    draw, top_logprobs, Sampler, SamplerParams, SamplingError, Verdict, RANDOM_SEED,
+};
 
 /// Deterministic pseudo-random logits in roughly [-scale, scale].
 fn logits(n: usize, salt: u64, scale: f32) -> Vec<f32> {
@@ -600,5 +602,57 @@ fn bench_full_vocabulary() {
         }
         let per = t0.elapsed() / iters as u32;
         println!("{name:28} {per:?} per sample (checksum {acc})");
+    }
+}
+
+#[test]
+fn draft_sampling_and_verification_are_keyed_and_consistent() {
+    let l = logits(200, 11, 4.0);
+    let s = Sampler::new(penalised(77), &[3, 4, 5, 3]).unwrap();
+    for pos in 0..200u64 {
+        let (x, q) = s.sample_draft(&l, pos);
+        // Keyed by (seed, position): drawing again gives the same token and distribution.
+        assert_eq!(s.sample_draft(&l, pos), (x, q.clone()));
+        // q is the sampler's own chain, penalties included, and x is in its support.
+        assert_eq!(q, s.distribution(&l));
+        assert!(q.iter().any(|&(t, p)| t == x && p > 0.0));
+        // The target with the very same distribution keeps every draft.
+        assert_eq!(s.verify_draft(&l, pos, x, &q), Verdict::Accepted);
+    }
+    // The draft lane is not the sampling lane: over many positions the two draws differ.
+    let differ = (0..200u64)
+        .filter(|&pos| s.sample_draft(&l, pos).0 != s.sample(&l, pos))
+        .count();
+    assert!(
+        differ > 50,
+        "draft and target draws coincide too often: {differ}"
+    );
+}
+
+#[test]
+fn verification_rejects_what_the_target_filters_out() {
+    // The target keeps only its top token (top-k 1); a flat draft proposes others.
+    let l = logits(50, 3, 4.0);
+    let target = Sampler::new(
+        SamplerParams {
+            top_k: 1,
+            seed: 5,
+            ..SamplerParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    let best = target.sample(&l, 0);
+    let flat = Sampler::new(unfiltered(5), &[]).unwrap();
+    let flat_logits = vec![0.0f32; 50];
+    for pos in 0..100u64 {
+        let (x, q) = flat.sample_draft(&flat_logits, pos);
+        let v = target.verify_draft(&l, pos, x, &q);
+        if x == best {
+            assert_eq!(v, Verdict::Accepted);
+        } else {
+            // The only residual mass is on the target's token.
+            assert_eq!(v, Verdict::Rejected(best));
+        }
     }
 }

@@ -58,6 +58,7 @@ pub fn generation_settings(
         "speculative.p_min": spec.p_min,
         "speculative.types": spec.drafters.iter().map(|k| k.name()).collect::<Vec<_>>(),
         "speculative.adaptive": spec.adaptive,
+        "speculative.verify": spec.verify.name(),
     })
 }
 

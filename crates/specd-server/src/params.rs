@@ -5,7 +5,7 @@
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 use specd_sampling::{GrammarSpec, SamplerParams, RANDOM_SEED};
-use specd_spec::{DrafterKind, SpecParams};
+use specd_spec::{DrafterKind, SpecParams, VerifyKind};
 
 /// Typed access to the members of a JSON request object.
 pub struct Fields<'a>(pub &'a Map<String, Value>);
@@ -317,7 +317,7 @@ fn reject_unsupported(f: &Fields) -> Result<(), ApiError> {
 }
 
 /// Per-request speculation: llama.cpp's flat `"speculative.n_max"` keys, or a nested
-/// `"speculative": {"n_max", "n_min", "p_min", "type", "enabled"}` object.
+/// `"speculative": {"n_max", "n_min", "p_min", "type", "enabled", "verify"}` object.
 fn parse_spec(f: &Fields, base: &SpecParams) -> Result<SpecParams, ApiError> {
     let mut p = base.clone();
     let nested = f.object("speculative")?;
@@ -361,6 +361,17 @@ fn parse_spec(f: &Fields, base: &SpecParams) -> Result<SpecParams, ApiError> {
         } else {
             DrafterKind::parse_list(&list).map_err(|e| ApiError::invalid(e).with("param", k))?
         };
+    }
+    if let Some((k, v)) = get("verify") {
+        let name = v
+            .as_str()
+            .ok_or_else(|| type_error(&k, "\"exact\" or \"probabilistic\""))?;
+        p.verify = VerifyKind::parse(name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{k}: unknown verification '{name}' (exact, probabilistic)"
+            ))
+            .with("param", k.as_str())
+        })?;
     }
     if let Some((k, v)) = get("enabled") {
         if !v.as_bool().ok_or_else(|| type_error(&k, "a boolean"))? {
@@ -471,6 +482,30 @@ mod tests {
             g.spec.drafters,
             vec![DrafterKind::NgramMod, DrafterKind::NgramSimple]
         );
+    }
+
+    #[test]
+    fn reads_verification_kind() {
+        let g = parse_gen(&Fields::of(&json!({})), &defaults(), Api::Llama).unwrap();
+        assert_eq!(g.spec.verify, VerifyKind::Exact);
+        for body in [
+            json!({"speculative.verify": "probabilistic"}),
+            json!({"speculative": {"verify": "probabilistic"}}),
+        ] {
+            let g = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap();
+            assert_eq!(g.spec.verify, VerifyKind::Probabilistic, "{body}");
+        }
+        for body in [
+            json!({"speculative.verify": "maybe"}),
+            json!({"speculative.verify": 1}),
+        ] {
+            let e = parse_gen(&Fields::of(&body), &defaults(), Api::Llama).unwrap_err();
+            assert!(
+                e.message.contains("speculative.verify"),
+                "{body}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]

@@ -4,14 +4,14 @@ use crate::controller::{Controller, CostModel};
 use crate::drafter::draft_model::DraftModel;
 use crate::drafter::ngram::{ModTable, NgramCache, NgramMapK, NgramMapK4v, NgramMod, NgramSimple};
 use crate::drafter::synthetic::Synthetic;
-use crate::drafter::{Chain, Drafter};
-use crate::params::{DrafterKind, RollbackKind, SpecParams};
+use crate::drafter::{Chain, DraftDist, DraftSampling, Drafter};
+use crate::params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
 use crate::rollback::rollback_rejected;
 use crate::stats::SpecStats;
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
 use specd_models::{Batch, Model};
-use specd_sampling::{GrammarSpec, GrammarVocab, Sampler, SamplerParams};
+use specd_sampling::{GrammarSpec, GrammarVocab, Sampler, SamplerParams, Verdict};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
@@ -138,6 +138,17 @@ struct GenSeq {
     forced_round: bool,
 }
 
+/// One sequence's part of a step's verification batch.
+struct Planned {
+    id: SeqId,
+    draft: Vec<u32>,
+    /// State saved before verifying (checkpoint rollback), if any.
+    cp: Option<specd_memory::CheckpointId>,
+    /// Probabilistic verification: the drafter's distribution for each draft token. `None`:
+    /// exact matching.
+    probs: Option<Vec<DraftDist>>,
+}
+
 /// Runs generations for many sequences; all sequences' rows of a step share one decode batch.
 pub struct Engine {
     model: Arc<Model>,
@@ -225,7 +236,7 @@ impl Engine {
         if let Some(g) = &req.grammar {
             sampler = sampler.with_grammar(self.grammar_vocab()?.compile(g)?);
         }
-        let chain = self.build_chain(&req)?;
+        let chain = self.build_chain(&req, sampler.seed())?;
         let n_cached = self.reuse_prefix(seq, &req.prompt);
         let tokens = req.prompt.clone();
         let n_prompt = tokens.len();
@@ -288,12 +299,30 @@ impl Engine {
         self.forget(seq);
     }
 
-    fn build_chain(&self, req: &SequenceRequest) -> Result<Chain, SpecError> {
+    /// The request's drafters. `seed`: the sampler's resolved seed, which model drafters sample
+    /// their drafts with under probabilistic verification.
+    fn build_chain(&self, req: &SequenceRequest, seed: u32) -> Result<Chain, SpecError> {
         let sp = &req.spec;
         let mut v: Vec<Box<dyn Drafter>> = Vec::new();
         if !sp.enabled() {
             return Ok(Chain::new(v));
         }
+        // Rejection sampling needs a random target draw and the target's whole distribution:
+        // greedy requests (where it equals exact matching anyway) and grammar-constrained ones
+        // (the mask would have to shape q too) keep exact verification.
+        let sampling = || -> Result<Option<DraftSampling>, SpecError> {
+            if sp.verify != VerifyKind::Probabilistic
+                || req.sampler.is_greedy()
+                || req.grammar.is_some()
+            {
+                return Ok(None);
+            }
+            DraftSampling::new(SamplerParams {
+                seed,
+                ..req.sampler
+            })
+            .map(Some)
+        };
         for k in &sp.drafters {
             v.push(match k {
                 DrafterKind::NgramSimple => Box::new(NgramSimple { n: sp.ngram_n }),
@@ -314,13 +343,19 @@ impl Engine {
                             self.model.config().n_vocab
                         )));
                     }
-                    Box::new(DraftModel::new(m, self.mem.config().n_ctx, sp.p_min))
+                    Box::new(
+                        DraftModel::new(m, self.mem.config().n_ctx, sp.p_min)
+                            .with_sampling(sampling()?),
+                    )
                 }
-                DrafterKind::DraftMtp => Box::new(crate::drafter::mtp::MtpDrafter::new(
-                    self.model.clone(),
-                    self.mem.config().n_ctx,
-                    sp.p_min,
-                )?),
+                DrafterKind::DraftMtp => Box::new(
+                    crate::drafter::mtp::MtpDrafter::new(
+                        self.model.clone(),
+                        self.mem.config().n_ctx,
+                        sp.p_min,
+                    )?
+                    .with_sampling(sampling()?),
+                ),
                 DrafterKind::Synthetic => {
                     let r = req.reference.clone().ok_or_else(|| {
                         SpecError::Invalid(
@@ -422,7 +457,7 @@ impl Engine {
         let n_ctx = self.mem.config().n_ctx;
         let hybrid = self.model.memory_layout().is_hybrid();
         let window = self.mem.config().rollback_window;
-        let mut plan: Vec<(SeqId, Vec<u32>, Option<specd_memory::CheckpointId>)> = Vec::new();
+        let mut plan: Vec<Planned> = Vec::new();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
             let Some(s) = self.seqs.get_mut(&id) else {
@@ -445,6 +480,7 @@ impl Engine {
                 .min(remaining.saturating_sub(1))
                 .min(room - 1);
             let mut draft = Vec::new();
+            let mut probs: Option<Vec<DraftDist>> = None;
             // Tokens the grammar forces are certain: draft them for free, ahead of any drafter.
             // Only when speculation is on: "off" means one row per step, whatever the request.
             let forced = if cap > 0 && s.req.spec.enabled() && s.sampler.has_grammar() {
@@ -465,6 +501,7 @@ impl Engine {
                         continue;
                     }
                 }
+                probs = s.chain.take_draft_probs();
                 draft.truncate(cap);
                 // A draft token the grammar forbids can never be accepted: don't verify it.
                 let valid = s.sampler.grammar_valid_prefix(&draft);
@@ -485,6 +522,14 @@ impl Engine {
                 }
                 draft.truncate(n);
             }
+            // Distributions for exactly the tokens verified (every later cut is a prefix cut);
+            // none, or too few, means exact matching.
+            let probs = probs
+                .filter(|q| !draft.is_empty() && q.len() >= draft.len())
+                .map(|mut q| {
+                    q.truncate(draft.len());
+                    q
+                });
             s.stats.record_choice(draft.len());
             let cp = if hybrid
                 && !draft.is_empty()
@@ -500,24 +545,27 @@ impl Engine {
             } else {
                 None
             };
-            plan.push((id, draft, cp));
+            plan.push(Planned {
+                id,
+                draft,
+                cp,
+                probs,
+            });
         }
         if plan.is_empty() {
             return events;
         }
         // 3. One verification batch for all sequences.
         let mut batch = Batch::new();
-        for (id, draft, _) in &plan {
-            let s = &self.seqs[id];
+        for pl in &plan {
+            let s = &self.seqs[&pl.id];
             let p = s.tokens.len() - 1;
-            batch.push(s.tokens[p], p as u32, *id, true);
-            for (i, &d) in draft.iter().enumerate() {
-                batch.push(d, (p + 1 + i) as u32, *id, true);
+            batch.push(s.tokens[p], p as u32, pl.id, true);
+            for (i, &d) in pl.draft.iter().enumerate() {
+                batch.push(d, (p + 1 + i) as u32, pl.id, true);
             }
         }
-        batch.want_hidden = plan
-            .iter()
-            .any(|(id, _, _)| self.seqs[id].chain.wants_hidden());
+        batch.want_hidden = plan.iter().any(|pl| self.seqs[&pl.id].chain.wants_hidden());
         let h = self.model.config().n_embd;
         let t0 = Instant::now();
         let out = match self.model.decode(&mut self.mem, &batch) {
@@ -530,56 +578,78 @@ impl Engine {
             Err(_) => {
                 // Fail only the sequences whose rows cannot be decoded: retry each alone.
                 let mut outs = Vec::new();
-                for (id, draft, cp) in plan {
-                    let s = &self.seqs[&id];
+                for pl in plan {
+                    let s = &self.seqs[&pl.id];
                     let p = s.tokens.len() - 1;
                     let mut rows = vec![s.tokens[p]];
-                    rows.extend_from_slice(&draft);
-                    let mut b = Batch::from_tokens(&rows, p as u32, id, true);
+                    rows.extend_from_slice(&pl.draft);
+                    let mut b = Batch::from_tokens(&rows, p as u32, pl.id, true);
                     b.want_hidden = batch.want_hidden;
                     match self.model.decode(&mut self.mem, &b) {
-                        Ok(o) => outs.push((id, draft, cp, o)),
-                        Err(e) => self.fail(id, e.to_string(), &mut events),
+                        Ok(o) => outs.push((pl, o)),
+                        Err(e) => self.fail(pl.id, e.to_string(), &mut events),
                     }
                 }
-                for (id, draft, cp, o) in outs {
+                for (pl, o) in outs {
                     let logits: Vec<&[f32]> = (0..o.len()).map(|i| o.logits(i)).collect();
-                    self.accept(id, &draft, cp, &logits, &o.hidden, &mut events);
+                    self.accept(&pl, &logits, &o.hidden, &mut events);
                 }
                 return events;
             }
         };
         let mut row = 0;
-        for (id, draft, cp) in plan {
-            let n = draft.len() + 1;
+        for pl in plan {
+            let n = pl.draft.len() + 1;
             let logits: Vec<&[f32]> = (row..row + n).map(|i| out.logits(i)).collect();
             let hidden = out.hidden.get(row * h..(row + n) * h).unwrap_or(&[]);
             row += n;
-            self.accept(id, &draft, cp, &logits, hidden, &mut events);
+            self.accept(&pl, &logits, hidden, &mut events);
         }
         events
     }
 
-    /// Walks the verified rows of one sequence with its sampler, keeps the matching prefix plus
-    /// one target token, rolls back the rest and applies the stop conditions. `hidden`: the
-    /// rows' final hidden states when a drafter reads them (else empty).
+    /// Walks the verified rows of one sequence with its sampler, keeps the accepted prefix of
+    /// the draft plus one target token, rolls back the rest and applies the stop conditions.
+    /// Exact verification keeps drafts while the sampler's own token matches them; with the
+    /// drafter's distributions (`plan.probs`), each draft token passes the rejection-sampling
+    /// test instead and the first rejected one is replaced by a draw from the residual. `hidden`:
+    /// the rows' final hidden states when a drafter reads them (else empty).
     fn accept(
         &mut self,
-        id: SeqId,
-        draft: &[u32],
-        cp: Option<specd_memory::CheckpointId>,
+        plan: &Planned,
         logits: &[&[f32]],
         hidden: &[f32],
         events: &mut Vec<StepEvent>,
     ) {
+        let (id, draft, cp) = (plan.id, plan.draft.as_slice(), plan.cp);
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
         let p = s.tokens.len() - 1; // position of the fed `last`
         let mut new_tokens = Vec::new();
         let mut new_probs = Vec::new();
+        // The drafter only samples under these conditions; checked again so that a round whose
+        // draft did not come from it (grammar-forced) is never tested against a stale q.
+        let probabilistic = plan
+            .probs
+            .as_deref()
+            .filter(|_| !s.forced_round && !s.sampler.has_grammar())
+            .filter(|_| !s.sampler.params().is_greedy());
         for (i, l) in logits.iter().enumerate() {
-            let t = s.sampler.sample(l, (p + 1 + i) as u64);
+            let pos = (p + 1 + i) as u64;
+            // The token this row emits, and whether the round goes on past it.
+            let (t, go_on) = match (draft.get(i), probabilistic.and_then(|q| q.get(i))) {
+                (Some(&d), Some(q)) => match s.sampler.verify_draft(l, pos, d, q) {
+                    Verdict::Accepted => (d, true),
+                    Verdict::Rejected(r) => (r, false),
+                },
+                (Some(&d), None) => {
+                    let t = s.sampler.sample(l, pos);
+                    (t, t == d)
+                }
+                // The bonus row after a fully accepted draft (or a plain step).
+                (None, _) => (s.sampler.sample(l, pos), false),
+            };
             if let Err(e) = s.sampler.accept(t) {
                 let msg = e.to_string();
                 self.fail(id, msg, events);
@@ -589,12 +659,15 @@ impl Engine {
             if s.req.n_probs > 0 {
                 new_probs.push(token_probs(l, t, s.req.n_probs));
             }
-            if i >= draft.len() || draft[i] != t {
+            if !go_on {
                 break;
             }
         }
         let k = new_tokens.len() - 1; // accepted drafts
         s.stats.rounds += 1;
+        if probabilistic.is_some() {
+            s.stats.probabilistic_rounds += 1;
+        }
         if draft.is_empty() {
             s.stats.empty_draft_rounds += 1;
             s.controller.resolve_shadow(new_tokens[0]);

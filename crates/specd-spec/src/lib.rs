@@ -5,7 +5,9 @@
 //! the target's own sampler walks the rows and keeps the longest matching prefix plus one token of
 //! its own, everything the rejected tokens touched is rolled back ([`rollback`]), and the drafter
 //! hears how many were accepted. Plain decoding is the same loop with empty drafts, so both paths
-//! share every line that could make their outputs differ.
+//! share every line that could make their outputs differ. Opt-in probabilistic verification
+//! ([`params::VerifyKind::Probabilistic`]) replaces the matching by rejection sampling for the
+//! model drafters: same output distribution, not the same tokens.
 //!
 //! * [`engine::Engine`]: the round for many sequences at once.
 //! * [`controller`]: picks each round's draft length for the best expected tokens per second
@@ -21,7 +23,7 @@ pub mod rollback;
 pub mod stats;
 
 pub use engine::{Engine, FinishReason, SeqOutput, SequenceRequest, StepEvent};
-pub use params::{DrafterKind, RollbackKind, SpecParams};
+pub use params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
 pub use stats::SpecStats;
 
 /// Errors of a generation.

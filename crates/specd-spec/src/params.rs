@@ -90,6 +90,40 @@ impl RollbackKind {
     }
 }
 
+/// How drafted tokens are verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum VerifyKind {
+    /// The target samples each row with its own sampler and keeps drafts while they match:
+    /// output identical to plain decoding (default).
+    #[default]
+    Exact,
+    /// Speculative rejection sampling for the model drafters (`draft-simple`, `draft-mtp`): they
+    /// sample their drafts, and a draft token is kept with probability min(1, p/q). Preserves the
+    /// target's output distribution, not its tokens (it can accept more drafts when sampling).
+    /// Rounds fall back to exact matching for greedy requests, under a grammar, and for drafters
+    /// without distributions (n-gram, synthetic). A seed repeats a run when the draft lengths
+    /// repeat (fixed lengths, `adaptive` off): the controller's choices follow measured timings.
+    Probabilistic,
+}
+
+impl VerifyKind {
+    /// Parses `exact|probabilistic`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s.trim() {
+            "exact" => VerifyKind::Exact,
+            "probabilistic" => VerifyKind::Probabilistic,
+            _ => return None,
+        })
+    }
+    /// Name.
+    pub fn name(self) -> &'static str {
+        match self {
+            VerifyKind::Exact => "exact",
+            VerifyKind::Probabilistic => "probabilistic",
+        }
+    }
+}
+
 /// Speculation settings of one request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpecParams {
@@ -112,6 +146,9 @@ pub struct SpecParams {
     pub synth_len: Option<f32>,
     /// n-gram key length for the n-gram drafters.
     pub ngram_n: usize,
+    /// How drafts are verified (exact by default).
+    #[serde(default)]
+    pub verify: VerifyKind,
 }
 
 impl Default for SpecParams {
@@ -125,6 +162,7 @@ impl Default for SpecParams {
             synth_rates: Vec::new(),
             synth_len: None,
             ngram_n: 3,
+            verify: VerifyKind::Exact,
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct SpecStats {
     pub chosen_lengths: Vec<u64>,
     /// Tokens drafted for free because the grammar forced them.
     pub grammar_forced_tokens: u64,
+    /// Draft rounds verified by rejection sampling (probabilistic verification) instead of
+    /// exact matching.
+    pub probabilistic_rounds: u64,
 }
 
 impl SpecStats {
@@ -80,6 +83,7 @@ impl SpecStats {
         self.rollbacks_fast += o.rollbacks_fast;
         self.rollbacks_checkpoint += o.rollbacks_checkpoint;
         self.replayed_tokens += o.replayed_tokens;
+        self.probabilistic_rounds += o.probabilistic_rounds;
         for (dst, src) in [
             (&mut self.accepted_per_position, &o.accepted_per_position),
             (&mut self.drafted_per_position, &o.drafted_per_position),

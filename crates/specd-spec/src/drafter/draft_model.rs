@@ -1,9 +1,10 @@
-//! `draft-simple`: a smaller model with the same vocabulary drafts greedily. Its memory follows
+//! `draft-simple`: a smaller model with the same vocabulary drafts greedily (or samples, under
+//! probabilistic verification: see [`DraftSampling`]). Its memory follows
 //! the accepted tokens; after each draft it is taken back to the last accepted token — by KV
 //! truncation for a transformer draft, by a checkpoint for a hybrid one (drafting feeds one token
 //! per decode, and the fast rollback covers one batch).
 
-use super::Drafter;
+use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode};
 use specd_models::{Batch, Model};
@@ -18,6 +19,8 @@ pub struct DraftModel {
     /// Tokens the draft memory has processed (a prefix of the sequence).
     fed: Vec<u32>,
     p_min: f32,
+    /// Set under probabilistic verification: drafts are sampled and their q recorded.
+    sampling: Option<DraftSampling>,
 }
 
 impl DraftModel {
@@ -35,7 +38,15 @@ impl DraftModel {
             mem,
             fed: Vec::new(),
             p_min,
+            sampling: None,
         }
+    }
+
+    /// Samples drafts with `sampling` instead of drafting greedily (probabilistic
+    /// verification); `None` keeps greedy drafts.
+    pub fn with_sampling(mut self, sampling: Option<DraftSampling>) -> Self {
+        self.sampling = sampling;
+        self
     }
 }
 
@@ -50,6 +61,7 @@ impl Drafter for DraftModel {
         if tokens.is_empty() || n_max == 0 {
             return Ok(Vec::new());
         }
+        start_draft(self.sampling.as_mut(), tokens)?;
         // Keep the longest common prefix of what was fed and the sequence.
         let common = self
             .fed
@@ -82,8 +94,14 @@ impl Drafter for DraftModel {
             None
         };
         let mut drafts = Vec::new();
-        let (mut tok, mut p) = super::argmax_prob(out.logits(0));
-        while drafts.len() < n_max && p >= self.p_min {
+        // Drafted token i sits at position tokens.len() + i.
+        let mut next = next_draft(
+            out.logits(0),
+            tokens.len(),
+            self.p_min,
+            self.sampling.as_mut(),
+        )?;
+        while let Some(tok) = next {
             drafts.push(tok);
             if drafts.len() == n_max {
                 break;
@@ -92,7 +110,12 @@ impl Drafter for DraftModel {
             let out = self
                 .model
                 .decode(&mut self.mem, &Batch::from_tokens(&[tok], pos, SEQ, true))?;
-            (tok, p) = super::argmax_prob(out.logits(0));
+            next = next_draft(
+                out.logits(0),
+                tokens.len() + drafts.len(),
+                self.p_min,
+                self.sampling.as_mut(),
+            )?;
         }
         // Back to the accepted sequence.
         let n_fed_drafts = self.mem.n_past(SEQ) - tokens.len();
@@ -106,5 +129,8 @@ impl Drafter for DraftModel {
             self.mem.drop_checkpoint(id);
         }
         Ok(drafts)
+    }
+    fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
+        take_probs(self.sampling.as_mut())
     }
 }

@@ -6,6 +6,11 @@ pub mod ngram;
 pub mod synthetic;
 
 use crate::SpecError;
+use specd_sampling::{Sampler, SamplerParams};
+
+/// A drafter's distribution for one drafted position: `(token, probability)` pairs (probabilistic
+/// verification).
+pub type DraftDist = Vec<(u32, f32)>;
 
 /// The most likely token and its probability under a softmax of `logits` (the greedy choice and
 /// confidence of model drafters, compared with `p_min`).
@@ -19,6 +24,91 @@ pub(crate) fn argmax_prob(logits: &[f32]) -> (u32, f32) {
     let m = logits[best];
     let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
     (best as u32, 1.0 / z)
+}
+
+/// How a model drafter picks its tokens under probabilistic verification: sampled from its own
+/// distribution q (its logits through the request's sampler chain, with the draft lane of the
+/// position-keyed randomness), with q recorded per drafted position for the target's
+/// acceptance test.
+pub struct DraftSampling {
+    /// The request's sampler (concrete seed); its history mirrors the sequence plus the tokens
+    /// drafted so far, so repetition penalties shape q as they will shape the target's p.
+    sampler: Sampler,
+    /// q of each token of the last draft.
+    probs: Vec<DraftDist>,
+}
+
+impl DraftSampling {
+    /// Draft sampling with the request's `params`; `params.seed` must be the target sampler's
+    /// resolved seed ([`Sampler::seed`]) so the run repeats with it.
+    pub fn new(params: SamplerParams) -> Result<Self, SpecError> {
+        Ok(DraftSampling {
+            sampler: Sampler::new(params, &[])?,
+            probs: Vec::new(),
+        })
+    }
+
+    /// Starts a draft continuing `tokens`: the penalty history becomes `tokens` (only the part
+    /// that changed since the last draft is redone) and the recorded distributions are cleared.
+    fn start(&mut self, tokens: &[u32]) -> Result<(), SpecError> {
+        self.probs.clear();
+        let common = self
+            .sampler
+            .history()
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.sampler.truncate_history(common)?;
+        for &t in &tokens[common..] {
+            self.sampler.accept(t)?;
+        }
+        Ok(())
+    }
+
+    /// Samples the token for position `pos` from the drafter's `logits`, records its q and
+    /// appends it to the history.
+    fn pick(&mut self, logits: &[f32], pos: usize) -> Result<u32, SpecError> {
+        let (t, q) = self.sampler.sample_draft(logits, pos as u64);
+        self.sampler.accept(t)?;
+        self.probs.push(q);
+        Ok(t)
+    }
+}
+
+/// The next draft token of a model drafter from its `logits` for position `pos`, or `None` when
+/// its confidence (top probability of the raw logits) is under `p_min`: the greedy choice, or a
+/// token sampled by `sampling` under probabilistic verification.
+pub(crate) fn next_draft(
+    logits: &[f32],
+    pos: usize,
+    p_min: f32,
+    sampling: Option<&mut DraftSampling>,
+) -> Result<Option<u32>, SpecError> {
+    let (best, p) = argmax_prob(logits);
+    if p < p_min {
+        return Ok(None);
+    }
+    match sampling {
+        None => Ok(Some(best)),
+        Some(s) => s.pick(logits, pos).map(Some),
+    }
+}
+
+/// Starts a model drafter's draft (see [`DraftSampling::start`]); no-op without sampling.
+pub(crate) fn start_draft(
+    sampling: Option<&mut DraftSampling>,
+    tokens: &[u32],
+) -> Result<(), SpecError> {
+    match sampling {
+        Some(s) => s.start(tokens),
+        None => Ok(()),
+    }
+}
+
+/// The distributions of the last draft, taken out (see [`Drafter::take_draft_probs`]).
+pub(crate) fn take_probs(sampling: Option<&mut DraftSampling>) -> Option<Vec<DraftDist>> {
+    sampling.map(|s| std::mem::take(&mut s.probs))
 }
 
 /// A source of draft tokens for one sequence.
@@ -44,6 +134,12 @@ pub trait Drafter: Send {
     /// states (`tokens.len() × n_embd`). Called after prefill and after each verification with
     /// the accepted rows only.
     fn observe_target(&mut self, _tokens: &[u32], _pos0: usize, _hidden: &[f32]) {}
+    /// Probabilistic verification: the distribution each token of the last draft was sampled
+    /// from (one per token, in order), taken out. `None` (the default, and for drafters that
+    /// draft greedily or from tables): that round is verified by exact matching.
+    fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
+        None
+    }
 }
 
 /// Several drafters in priority order: the first non-empty draft wins the round, and only that
@@ -76,6 +172,11 @@ impl Chain {
             }
         }
         Ok(Vec::new())
+    }
+    /// The winning drafter's distributions for the last draft (see
+    /// [`Drafter::take_draft_probs`]).
+    pub fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
+        self.last.and_then(|i| self.drafters[i].take_draft_probs())
     }
     /// Feedback to the drafter that won the last round.
     pub fn feedback(&mut self, drafted: usize, accepted: usize) {

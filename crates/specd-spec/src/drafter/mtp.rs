@@ -5,9 +5,10 @@
 //! (batched into the next draft call, so mirroring costs no extra pass), paired with the target's
 //! hidden state of the previous row. Drafting then runs the head recursively on its own output,
 //! and the drafted positions are removed from its cache afterwards (attention only: plain
-//! position removal, no recurrent state to roll back).
+//! position removal, no recurrent state to roll back). Under probabilistic verification the head's
+//! tokens are sampled instead of taken greedily (see [`DraftSampling`]).
 
-use super::Drafter;
+use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode};
 use specd_models::Model;
@@ -33,6 +34,8 @@ pub struct MtpDrafter {
     /// Set when the head cannot follow the target (the target started from a reused prefix the
     /// head never saw): the drafter then proposes nothing.
     lost: bool,
+    /// Set under probabilistic verification: drafts are sampled and their q recorded.
+    sampling: Option<DraftSampling>,
 }
 
 impl MtpDrafter {
@@ -57,7 +60,15 @@ impl MtpDrafter {
             n_target: 0,
             p_min,
             lost: false,
+            sampling: None,
         })
+    }
+
+    /// Samples drafts with `sampling` instead of drafting greedily (probabilistic
+    /// verification); `None` keeps greedy drafts.
+    pub fn with_sampling(mut self, sampling: Option<DraftSampling>) -> Self {
+        self.sampling = sampling;
+        self
     }
 }
 
@@ -119,8 +130,10 @@ impl Drafter for MtpDrafter {
         let h = self.n_embd;
         let mut prev_h = hm[(rows.len() - 1) * h..].to_vec();
         let mut drafts = Vec::new();
-        let (mut tok, mut prob) = super::argmax_prob(&logits);
-        while drafts.len() < n_max && prob >= self.p_min {
+        start_draft(self.sampling.as_mut(), tokens)?;
+        // Drafted token i sits at position p + 1 + i.
+        let mut next = next_draft(&logits, p + 1, self.p_min, self.sampling.as_mut())?;
+        while let Some(tok) = next {
             drafts.push(tok);
             if drafts.len() == n_max {
                 break;
@@ -129,10 +142,18 @@ impl Drafter for MtpDrafter {
                 self.model
                     .decode_mtp(&mut self.mem, SEQ, &[tok], p + drafts.len(), &prev_h)?;
             prev_h = hm;
-            (tok, prob) = super::argmax_prob(&logits);
+            next = next_draft(
+                &logits,
+                p + 1 + drafts.len(),
+                self.p_min,
+                self.sampling.as_mut(),
+            )?;
         }
         // Keep only the mirrored target rows (positions < p) in the head's cache.
         self.mem.remove_from(SEQ, p)?;
         Ok(drafts)
+    }
+    fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
+        take_probs(self.sampling.as_mut())
     }
 }
