@@ -19,21 +19,25 @@
 //! When it picks zero while a cheap drafter has a draft ready, the draft is kept "in the
 //! shadow": the plain step's token tells whether its first position would have been accepted,
 //! so acceptance keeps being measured at no cost and speculation resumes when it pays again.
+//!
+//! A drafter that runs a model (a draft model, the MTP head) costs time whether or not its draft
+//! is used, so for it the length is planned *before* drafting ([`Controller::plan`]) with the
+//! measured seconds per drafted token in `time(n)`. When that plan is zero nothing is drafted; a
+//! one-token probe is made after a growing number of skipped rounds so that a change in the text
+//! is noticed, and never once even perfect acceptance could not beat plain decoding at the
+//! measured costs.
 
 /// Measured cost of verification batches by width (rows), shared by every sequence.
 #[derive(Debug, Clone)]
 pub struct CostModel {
     /// EMA of seconds per decode call of width w (index w), if measured.
     secs: Vec<Option<f64>>,
-    /// Seconds per drafted token for drafters that run a model.
-    pub draft_secs_per_token: f64,
 }
 
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             secs: vec![None; 66],
-            draft_secs_per_token: 0.0,
         }
     }
 }
@@ -78,6 +82,15 @@ pub struct Controller {
     seen: Vec<u32>,
     /// Draft kept in the shadow of a plain step (first token only matters).
     pub shadow: Option<u32>,
+    /// EMA of seconds per drafted token of a model drafter (catch-up decode included).
+    draft_secs: Option<f64>,
+    /// Rounds [`Controller::plan`] skipped since the last draft.
+    skipped: u32,
+    /// Skipped rounds after which the next plan probes with one token.
+    probe_after: u32,
+    /// The model drafter drafted in the previous round too, so this round's drafting time is
+    /// its steady-state cost, not a catch-up over the prompt or over skipped rounds.
+    drafter_in_sync: bool,
 }
 
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
@@ -93,6 +106,11 @@ pub const INHERIT: f64 = 0.95;
 pub const ALPHA: f64 = 0.15;
 /// Assumed extra cost per row of an unmeasured batch width, as a fraction of a measured one.
 pub const UNMEASURED_SLOPE: f64 = 0.2;
+/// Skipped rounds before the first probe of a model drafter; doubles after each probe that does
+/// not bring drafting back, up to [`PROBE_MAX`].
+pub const PROBE_FIRST: u32 = 8;
+/// Longest wait between probes: a one-token probe every 128 tokens costs well under 3 %.
+pub const PROBE_MAX: u32 = 128;
 
 impl Controller {
     /// A controller for drafts of up to `n_max` tokens.
@@ -101,7 +119,29 @@ impl Controller {
             accept: vec![PRIOR; n_max.max(1)],
             seen: vec![0; n_max.max(1)],
             shadow: None,
+            draft_secs: None,
+            skipped: 0,
+            probe_after: PROBE_FIRST,
+            drafter_in_sync: false,
         }
+    }
+    /// Records that a model drafter took `secs` for a round that produced `tokens` drafts. A
+    /// round after the prompt or after skipped rounds is not counted: the drafter first had to
+    /// process every token it missed, which says nothing about the next round's cost.
+    pub fn observe_draft_time(&mut self, secs: f64, tokens: usize) {
+        let in_sync = std::mem::replace(&mut self.drafter_in_sync, true);
+        if !in_sync || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        let per = secs / tokens.max(1) as f64;
+        self.draft_secs = Some(match self.draft_secs {
+            None => per,
+            Some(old) => 0.7 * old + 0.3 * per,
+        });
+    }
+    /// Seconds per drafted token of a model drafter, once measured.
+    pub fn draft_secs_per_token(&self) -> Option<f64> {
+        self.draft_secs
     }
     /// Updates the estimates after a verified draft of `drafted` tokens with `accepted` matches.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
@@ -149,12 +189,56 @@ impl Controller {
         }
         e
     }
-    /// The draft length in `{0} ∪ [n_min, available]` with the best expected tokens per second.
+    /// The draft length in `{0} ∪ [n_min, available]` with the best expected tokens per second,
+    /// for a draft that is already made (its cost is spent, only verification counts).
     pub fn choose(&self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        self.best(available, n_min, cost, 0.0, |i| self.estimate(i))
+    }
+    /// For a model drafter, before drafting: how many tokens to ask for (0: skip the drafter this
+    /// round), counting the measured drafting time. Mostly [`Controller::choose`] with that cost;
+    /// while it says zero, a one-token probe after [`PROBE_FIRST`], then twice as many, … skipped
+    /// rounds keeps the acceptance estimate current — unless drafting could not pay even if
+    /// every token were accepted.
+    pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        let d = self.draft_secs.unwrap_or(0.0);
+        let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
+        if n > 0 {
+            self.skipped = 0;
+            self.probe_after = PROBE_FIRST;
+            return n;
+        }
+        self.drafter_in_sync = false;
+        if available == 0 || self.best(available, n_min, cost, d, |_| 1.0) == 0 {
+            return 0;
+        }
+        self.skipped += 1;
+        if self.skipped < self.probe_after {
+            return 0;
+        }
+        self.skipped = 0;
+        self.probe_after = (self.probe_after * 2).min(PROBE_MAX);
+        n_min.max(1).min(available)
+    }
+    /// Argmax over n of expected tokens / time, with per-position acceptance `acc(i)` and
+    /// `draft_secs` per drafted token.
+    fn best(
+        &self,
+        available: usize,
+        n_min: usize,
+        cost: &CostModel,
+        draft_secs: f64,
+        acc: impl Fn(usize) -> f64,
+    ) -> usize {
         let mut best = (0usize, 1.0 / cost.cost(1));
-        for n in n_min.max(1)..=available {
-            let t = cost.cost(n + 1) + n as f64 * cost.draft_secs_per_token;
-            let rate = self.expected_tokens(n) / t;
+        let (mut e, mut p) = (1.0, 1.0);
+        for n in 1..=available.min(self.accept.len()) {
+            p *= acc(n - 1);
+            e += p;
+            if n < n_min.max(1) {
+                continue;
+            }
+            let t = cost.cost(n + 1) + n as f64 * draft_secs;
+            let rate = e / t;
             if rate > best.1 * 1.0001 {
                 best = (n, rate);
             }
@@ -229,6 +313,61 @@ mod tests {
         }
         assert_eq!(*lens.last().unwrap(), 8, "{lens:?}");
         assert!(lens.iter().position(|&n| n == 8).unwrap() <= 6, "{lens:?}");
+    }
+
+    #[test]
+    fn a_drafter_slower_than_the_target_is_not_asked() {
+        let mut cost = CostModel::default();
+        for w in 1..=9 {
+            cost.observe(w, 0.010 * (1.0 + 0.1 * (w as f64 - 1.0)));
+        }
+        let mut c = Controller::new(8);
+        // Perfect acceptance, but each drafted token costs two target steps.
+        for _ in 0..20 {
+            c.observe(4, 4);
+        }
+        // The first round (a catch-up over the prompt) is not counted, the second is.
+        c.observe_draft_time(5.0, 1);
+        assert_eq!(c.draft_secs_per_token(), None);
+        c.observe_draft_time(0.020, 1);
+        for _ in 0..1000 {
+            assert_eq!(
+                c.plan(8, 0, &cost),
+                0,
+                "drafting cannot pay: no probes either"
+            );
+        }
+        // A cheap draft is still used in full (the same estimates, no drafting cost).
+        assert!(c.choose(8, 0, &cost) >= 6);
+    }
+
+    #[test]
+    fn skipped_model_drafter_is_probed_with_backoff() {
+        let mut cost = CostModel::default();
+        for w in 1..=9 {
+            cost.observe(w, 0.010 * (1.0 + 0.1 * (w as f64 - 1.0)));
+        }
+        let mut c = Controller::new(8);
+        c.observe_draft_time(0.001, 1);
+        c.observe_draft_time(0.001, 1);
+        for _ in 0..30 {
+            c.observe(4, 0);
+        }
+        let probes: Vec<usize> = (0..400)
+            .filter(|_| {
+                let n = c.plan(8, 0, &cost);
+                assert!(n <= 1, "after misses only one-token probes, got {n}");
+                n == 1
+            })
+            .map(|_| 0)
+            .collect();
+        // 8, 16, 32, 64, 128, 128: six probes in 400 rounds, growing gaps.
+        assert!((4..=8).contains(&probes.len()), "{} probes", probes.len());
+        // Once the text turns predictable, probes find it and drafting resumes.
+        for _ in 0..10 {
+            c.observe(1, 1);
+        }
+        assert!(c.plan(8, 0, &cost) >= 2);
     }
 
     #[test]

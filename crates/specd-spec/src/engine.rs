@@ -494,12 +494,36 @@ impl Engine {
                 draft.truncate(cap);
                 s.stats.grammar_forced_tokens += draft.len() as u64;
             } else if cap > 0 && !s.chain.is_empty() {
-                match s.chain.draft(&s.tokens, cap) {
+                // A model drafter costs its time even when the draft is thrown away: ask it only
+                // for as many tokens as pay for themselves (possibly none).
+                let cheap = s.chain.is_cheap();
+                let ask = if s.req.spec.adaptive && !cheap {
+                    s.controller.plan(cap, s.req.spec.n_min, &self.cost)
+                } else {
+                    cap
+                };
+                if ask == 0 {
+                    s.stats.controller_skips += 1;
+                    s.stats.record_choice(0);
+                    plan.push(Planned {
+                        id,
+                        draft,
+                        cp: None,
+                        probs: None,
+                    });
+                    continue;
+                }
+                let t_draft = Instant::now();
+                match s.chain.draft(&s.tokens, ask) {
                     Ok(d) => draft = d,
                     Err(e) => {
                         self.fail(id, e.to_string(), &mut events);
                         continue;
                     }
+                }
+                if !cheap {
+                    s.controller
+                        .observe_draft_time(t_draft.elapsed().as_secs_f64(), draft.len());
                 }
                 probs = s.chain.take_draft_probs();
                 draft.truncate(cap);

@@ -83,6 +83,7 @@ impl SpecStats {
         self.rollbacks_fast += o.rollbacks_fast;
         self.rollbacks_checkpoint += o.rollbacks_checkpoint;
         self.replayed_tokens += o.replayed_tokens;
+        self.grammar_forced_tokens += o.grammar_forced_tokens;
         self.probabilistic_rounds += o.probabilistic_rounds;
         for (dst, src) in [
             (&mut self.accepted_per_position, &o.accepted_per_position),
