@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// At most this many single-turn prompts.
     #[arg(long = "max-prompts", default_value_t = 12)]
     pub max_prompts: usize,
+    /// Runs of each workload × configuration in "spec" / "synth" mode; the fastest is reported
+    /// (small models decode in a millisecond, where one run's timing is mostly the host's noise).
+    #[arg(long = "spec-reps", default_value_t = 1)]
+    pub spec_reps: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// JSON output: `--json` prints it instead of the tables; `--json PATH` writes it to PATH
@@ -277,6 +281,18 @@ struct RunResult {
 }
 
 /// Runs a workload (all turns; each turn carries the whole history) with `spec`.
+/// The fastest of `reps` (at least one) runs.
+fn best_of(reps: usize, mut run: impl FnMut() -> Result<RunResult>) -> Result<RunResult> {
+    let mut best = run()?;
+    for _ in 1..reps {
+        let r = run()?;
+        if r.tokens as f64 / r.secs.max(1e-9) > best.tokens as f64 / best.secs.max(1e-9) {
+            best = r;
+        }
+    }
+    Ok(best)
+}
+
 fn run_workload(
     model: &Arc<Model>,
     w: &Workload,
@@ -472,15 +488,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         for w in &workloads {
             let mut refs = Vec::new();
-            let plain = run_workload(
-                &model,
-                w,
-                &a,
-                &SpecParams::default(),
-                RollbackKind::Fast,
-                None,
-                &mut refs,
-            )?;
+            let plain = best_of(a.spec_reps, || {
+                run_workload(
+                    &model,
+                    w,
+                    &a,
+                    &SpecParams::default(),
+                    RollbackKind::Fast,
+                    None,
+                    &mut refs,
+                )
+            })?;
             pb.inc(1);
             let plain_tok_s = plain.tokens as f64 / plain.secs.max(1e-9);
             let is_synth_w = synth_w.iter().any(|x| x.id == w.id);
@@ -503,7 +521,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 if rate.is_some() && !is_synth_w {
                     continue;
                 }
-                let r = run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?;
+                let r = best_of(a.spec_reps, || {
+                    run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)
+                })?;
                 pb.inc(1);
                 let rr = row(&w.id, name, *rb, p.n_max, *rate, &r, plain_tok_s);
                 if rate.is_some() {

@@ -524,6 +524,11 @@ impl Engine {
                 if !cheap {
                     s.controller
                         .observe_draft_time(t_draft.elapsed().as_secs_f64(), draft.len());
+                    if draft.is_empty() {
+                        // A model drafter that proposes nothing (below p-min) spent its time for
+                        // no token: for the throughput estimate that is a miss at position 0.
+                        s.controller.observe(1, 0);
+                    }
                 }
                 probs = s.chain.take_draft_probs();
                 draft.truncate(cap);
