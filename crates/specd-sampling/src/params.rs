@@ -94,6 +94,19 @@ impl SamplerParams {
         }
     }
 
+    /// Plain sampling from the softmax of the logits (temperature 1, no top-k / top-p / min-p
+    /// filter) with `seed`: the whole distribution stays in play.
+    pub fn unfiltered(seed: u32) -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..Self::default()
+        }
+    }
+
     /// Whether these parameters select greedy (argmax) decoding.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0

@@ -20,14 +20,7 @@ fn logits(n: usize, salt: u64, scale: f32) -> Vec<f32> {
 }
 
 fn unfiltered(seed: u32) -> SamplerParams {
-    SamplerParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed,
-        ..SamplerParams::default()
-    }
+    SamplerParams::unfiltered(seed)
 }
 
 fn penalised(seed: u32) -> SamplerParams {

@@ -3,13 +3,15 @@
 
 use proptest::prelude::*;
 use specd_memory::MemoryConfig;
-use specd_models::{Model, ModelOptions};
+use specd_models::Model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, StepEvent};
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use specd_testmodel::{Preset, WeightStyle};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+
+mod common;
+use common::test_model;
 
 struct Models {
     _dir: tempfile::TempDir,
@@ -23,41 +25,41 @@ fn models() -> &'static Models {
     static M: OnceLock<Models> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let make = |name: &str, preset: Preset, style: WeightStyle, seed: u64| -> PathBuf {
-            let mut spec = TestModelSpec::preset(preset);
-            spec.style = style;
-            spec.seed = seed;
-            // Qwen3.5 models carry an MTP head, so `draft-mtp` is exercised too.
-            spec.mtp = preset == Preset::Qwen35Tiny;
-            let p = dir.path().join(name);
-            write_model(&spec, &p).unwrap();
-            p
-        };
-        let opts = ModelOptions {
-            n_threads: 2,
-            n_ubatch: 64,
-        };
-        let load = |p: PathBuf| Arc::new(Model::load(p, opts.clone()).unwrap());
+        let d = dir.path();
+        // Qwen3.5 models carry an MTP head, so `draft-mtp` is exercised too.
         Models {
-            hybrid: load(make("h.gguf", Preset::Qwen35Tiny, WeightStyle::Varied, 1)),
-            repetitive: load(make(
+            hybrid: test_model(
+                d,
+                "h.gguf",
+                Preset::Qwen35Tiny,
+                WeightStyle::Varied,
+                1,
+                true,
+            ),
+            repetitive: test_model(
+                d,
                 "r.gguf",
                 Preset::Qwen35Tiny,
                 WeightStyle::Repetitive,
                 2,
-            )),
-            llama: load(make(
+                true,
+            ),
+            llama: test_model(
+                d,
                 "l.gguf",
                 Preset::LlamaTiny,
                 WeightStyle::Repetitive,
                 3,
-            )),
-            draft: load(make(
+                false,
+            ),
+            draft: test_model(
+                d,
                 "d.gguf",
                 Preset::Qwen35Tiny,
                 WeightStyle::Repetitive,
                 4,
-            )),
+                true,
+            ),
             _dir: dir,
         }
     })

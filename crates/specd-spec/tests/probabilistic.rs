@@ -3,15 +3,17 @@
 //! tokens in memory, and every round it does not apply to stays exact.
 
 use specd_memory::MemoryConfig;
-use specd_models::{Model, ModelOptions};
+use specd_models::Model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{
     DrafterKind, Engine, RollbackKind, SeqOutput, SequenceRequest, SpecParams, StepEvent,
     VerifyKind,
 };
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
-use std::path::PathBuf;
+use specd_testmodel::{Preset, WeightStyle};
 use std::sync::{Arc, OnceLock};
+
+mod common;
+use common::test_model;
 
 struct Models {
     _dir: tempfile::TempDir,
@@ -25,32 +27,26 @@ fn models() -> &'static Models {
     static M: OnceLock<Models> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let make = |name: &str, style: WeightStyle, seed: u64, mtp: bool| -> PathBuf {
-            let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
-            spec.style = style;
-            spec.seed = seed;
-            spec.mtp = mtp;
-            let p = dir.path().join(name);
-            write_model(&spec, &p).unwrap();
-            p
-        };
-        let load = |p: PathBuf| {
-            Arc::new(
-                Model::load(
-                    p,
-                    ModelOptions {
-                        n_threads: 2,
-                        n_ubatch: 64,
-                    },
-                )
-                .unwrap(),
-            )
-        };
+        let d = dir.path();
         Models {
-            target: load(make("t.gguf", WeightStyle::Varied, 1, true)),
+            target: test_model(
+                d,
+                "t.gguf",
+                Preset::Qwen35Tiny,
+                WeightStyle::Varied,
+                1,
+                true,
+            ),
             // Varied like the target: a Repetitive model is near-deterministic where the target
             // is near-flat, and their distributions would hardly overlap (nothing accepted).
-            draft: load(make("d.gguf", WeightStyle::Varied, 2, false)),
+            draft: test_model(
+                d,
+                "d.gguf",
+                Preset::Qwen35Tiny,
+                WeightStyle::Varied,
+                2,
+                false,
+            ),
             _dir: dir,
         }
     })
@@ -70,14 +66,7 @@ fn sampling(seed: u32) -> SamplerParams {
 /// Sampling over the whole vocabulary: two random-weight models rarely share a top-40, and
 /// disjoint supports reject every draft.
 fn wide_sampling(seed: u32) -> SamplerParams {
-    SamplerParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed,
-        ..SamplerParams::default()
-    }
+    SamplerParams::unfiltered(seed)
 }
 
 fn spec(drafter: DrafterKind, verify: VerifyKind) -> SpecParams {
