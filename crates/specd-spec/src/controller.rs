@@ -255,12 +255,18 @@ impl Controller {
 mod tests {
     use super::*;
 
+    /// Widths 1..=max_width measured at `step` seconds for one row, `step·slope` more per row.
+    fn linear_cost(max_width: usize, step: f64, slope: f64) -> CostModel {
+        let mut cost = CostModel::default();
+        for w in 1..=max_width {
+            cost.observe(w, step * (1.0 + slope * (w as f64 - 1.0)));
+        }
+        cost
+    }
+
     #[test]
     fn low_acceptance_chooses_zero_and_high_chooses_long() {
-        let mut cost = CostModel::default();
-        for w in 1..=17 {
-            cost.observe(w, 0.040 * (1.0 + 0.03 * (w as f64 - 1.0)));
-        }
+        let cost = linear_cost(17, 0.040, 0.03);
         let mut c = Controller::new(16);
         for _ in 0..50 {
             c.observe(4, 0);
@@ -275,11 +281,8 @@ mod tests {
 
     #[test]
     fn expensive_verification_discourages_drafting() {
-        let mut cost = CostModel::default();
-        for w in 1..=9 {
-            // Each extra row costs a full step: speculation cannot pay at 50% acceptance.
-            cost.observe(w, 0.040 * w as f64);
-        }
+        // Each extra row costs a full step: speculation cannot pay at 50% acceptance.
+        let cost = linear_cost(9, 0.040, 1.0);
         let c = Controller::new(8);
         assert_eq!(c.choose(8, 0, &cost), 0);
     }
@@ -300,10 +303,7 @@ mod tests {
 
     #[test]
     fn full_acceptance_grows_the_draft_quickly() {
-        let mut cost = CostModel::default();
-        for w in 1..=9 {
-            cost.observe(w, 0.040 * (1.0 + 0.15 * (w as f64 - 1.0)));
-        }
+        let cost = linear_cost(9, 0.040, 0.15);
         let mut c = Controller::new(8);
         let mut lens = Vec::new();
         for _ in 0..10 {
@@ -317,10 +317,7 @@ mod tests {
 
     #[test]
     fn a_drafter_slower_than_the_target_is_not_asked() {
-        let mut cost = CostModel::default();
-        for w in 1..=9 {
-            cost.observe(w, 0.010 * (1.0 + 0.1 * (w as f64 - 1.0)));
-        }
+        let cost = linear_cost(9, 0.010, 0.1);
         let mut c = Controller::new(8);
         // Perfect acceptance, but each drafted token costs two target steps.
         for _ in 0..20 {
@@ -343,10 +340,7 @@ mod tests {
 
     #[test]
     fn skipped_model_drafter_is_probed_with_backoff() {
-        let mut cost = CostModel::default();
-        for w in 1..=9 {
-            cost.observe(w, 0.010 * (1.0 + 0.1 * (w as f64 - 1.0)));
-        }
+        let cost = linear_cost(9, 0.010, 0.1);
         let mut c = Controller::new(8);
         c.observe_draft_time(0.001, 1);
         c.observe_draft_time(0.001, 1);
