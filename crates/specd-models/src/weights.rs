@@ -1,9 +1,10 @@
 //! Turning GGUF tensors into kernel-ready weights.
 //!
 //! Types with a native kernel (F32, F16, BF16, Q8_0, Q4_0) stay in the memory map: no copy, no
-//! load-time cost — except Q8_0 on AVX-512 VNNI CPUs with `SPECD_REPACK` set, which is repacked
-//! once (`specd_ops::pack`). Other quantisations (Q4_1, Q5_x, K-quants) are dequantised to F32 once at load
-//! — exact, but 4× the memory of F32; native kernels for them are future work.
+//! load-time cost — except Q8_0 on AVX-512 VNNI CPUs, which is repacked once into 16-row
+//! interleaved groups (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout). Other
+//! quantisations (Q4_1, Q5_x, K-quants) are dequantised to F32 once at load — exact, but 4× the
+//! memory of F32; native kernels for them are future work.
 
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};
@@ -55,7 +56,7 @@ impl<'a> Loader<'a> {
                 let bytes = view.bytes_arc();
                 let len = bytes.len();
                 let w = Weight::new(wt, rows, cols, Arc::new(TensorBytes(bytes)), 0, len)?;
-                // Opt-in repack of Q8_0 for the AVX-512 VNNI kernel (a copy, same size).
+                // Q8_0 is repacked for the AVX-512 VNNI kernel (a copy, same size).
                 Ok(specd_ops::pack::for_current_isa(&w)?)
             }
             None => {

@@ -25,7 +25,9 @@ fn quantize_block(xs: &[f32], qs: &mut [i8; 32]) -> f32 {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (q, &v) in qs.iter_mut().zip(xs) {
         let r = v * id;
-        let t = r.trunc();
+        // `trunc` through an integer: `f32::trunc` is a libm call on the baseline x86-64 target
+        // (no SSE4.1 `roundps`), which kept this loop scalar. Exact for |r| ≤ 127 (NaN → 0).
+        let t = (r as i32) as f32;
         let up = if (r - t).abs() >= 0.5 {
             1.0f32.copysign(r)
         } else {
@@ -64,25 +66,20 @@ pub fn quantize_row_u8(x: &[f32], qs: &mut [u8], scales: &mut [f32]) {
     }
 }
 
-/// Floats of block corrections per row for [`quantize_row_i8c`]: one per block, padded to 16.
-pub fn corr_len(cols: usize) -> usize {
-    (cols / 32).div_ceil(16) * 16
-}
-
-/// The packed-weight VNNI kernel's layout of the same quantisation as [`quantize_row_q8`]:
-/// signed quants, scales expanded as in [`quantize_row_u8`], and per block `128·d·Σq` — what the
-/// kernel must subtract because the packed weights carry +128 (zero padding up to
-/// [`corr_len`]).
-pub fn quantize_row_i8c(x: &[f32], qs: &mut [i8], scales: &mut [f32], corr: &mut [f32]) {
-    let mut q = [0i8; 32];
-    corr.fill(0.0);
-    for (b, xs) in x.chunks_exact(32).enumerate() {
-        let d = quantize_block(xs, &mut q);
-        qs[b * 32..(b + 1) * 32].copy_from_slice(&q);
-        let s0 = (b / 2) * 16 + (b % 2) * 8;
-        scales[s0..s0 + 8].fill(d);
-        let sum: i32 = q.iter().map(|&v| v as i32).sum();
-        corr[b] = 128.0 * d * sum as f32;
+/// The interleaved-weight VNNI kernel's layout of the same quantisation as [`quantize_row_q8`]:
+/// signed quants in `qs`, one scale per block in `d`, and per block `−128·Σq` in `corr` — the
+/// kernel's starting value, which cancels the +128 the repacked weights carry (see
+/// [`crate::pack`]).
+pub fn quantize_row_i8s(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32]) {
+    let mut t = [0i8; 32];
+    for ((xs, q), (d, c)) in x
+        .chunks_exact(32)
+        .zip(qs.chunks_exact_mut(32))
+        .zip(d.iter_mut().zip(corr.iter_mut()))
+    {
+        *d = quantize_block(xs, &mut t);
+        q.copy_from_slice(&t);
+        *c = -128 * t.iter().map(|&v| v as i32).sum::<i32>();
     }
 }
 

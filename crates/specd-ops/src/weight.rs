@@ -15,10 +15,11 @@ pub enum WeightType {
     Q8_0,
     /// ggml Q4_0: blocks of 32 weights = f16 scale + 16 bytes of nibbles (value = nibble − 8).
     Q4_0,
-    /// Q8_0 repacked at load time for the AVX-512 VNNI kernel (see [`crate::pack`]): per row,
-    /// all quants offset to unsigned (`q + 128`) and contiguous, then the row's f16 scales. Same
-    /// size as Q8_0; only whole rows can be dequantised.
-    Q8_0Packed,
+    /// Q8_0 repacked at load time for the AVX-512 VNNI kernel (see [`crate::pack`]): groups of
+    /// 16 rows interleaved block by block, quants offset to unsigned (`q + 128`); rows past the
+    /// last whole group stay in Q8_0 layout after the groups. Same size as Q8_0; rows are
+    /// dequantised with [`Weight::dequantize_row`] only.
+    Q8_0R16,
 }
 
 impl WeightType {
@@ -26,7 +27,7 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0Packed => 32,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 => 32,
         }
     }
     /// Bytes per block.
@@ -34,7 +35,7 @@ impl WeightType {
         match self {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
-            WeightType::Q8_0 | WeightType::Q8_0Packed => 34,
+            WeightType::Q8_0 | WeightType::Q8_0R16 => 34,
             WeightType::Q4_0 => 18,
         }
     }
@@ -50,7 +51,7 @@ impl WeightType {
             WeightType::BF16 => "bf16",
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
-            WeightType::Q8_0Packed => "q8_0 (packed)",
+            WeightType::Q8_0R16 => "q8_0 (16-row interleaved)",
         }
     }
 }
@@ -175,14 +176,18 @@ impl Weight {
     /// Dequantises row `r` into `out` (`cols` floats). Used for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.row_bytes();
+        if self.wtype == WeightType::Q8_0R16 {
+            crate::pack::dequantize_r16_row(self.bytes(), self.rows, self.cols, r, out);
+            return;
+        }
         let row = &self.bytes()[r * rb..(r + 1) * rb];
         dequantize(self.wtype, row, out);
     }
 }
 
-/// Dequantises a run of whole blocks of `wtype` into `out` (for [`WeightType::Q8_0Packed`]:
-/// exactly one whole row).
-pub fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
+/// Dequantises a run of whole blocks of `wtype` into `out` (not for [`WeightType::Q8_0R16`],
+/// whose rows are interleaved: use [`Weight::dequantize_row`]).
+pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
     match wtype {
         WeightType::F32 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -207,19 +212,10 @@ pub fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        WeightType::Q8_0Packed => {
-            let nb = out.len() / 32;
-            let (qs, scales) = bytes.split_at(nb * 32);
-            for ((o, q), d) in out
-                .chunks_exact_mut(32)
-                .zip(qs.chunks_exact(32))
-                .zip(scales.chunks_exact(2))
-            {
-                let d = f16::from_le_bytes([d[0], d[1]]).to_f32();
-                for (v, &q) in o.iter_mut().zip(q) {
-                    *v = d * (q as i32 - 128) as f32;
-                }
-            }
+        WeightType::Q8_0R16 => {
+            // Rows are interleaved in groups: only `Weight::dequantize_row` knows where a row is.
+            out.fill(f32::NAN);
+            debug_assert!(false, "dequantize a Q8_0R16 matrix by row");
         }
         WeightType::Q4_0 => {
             for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {

@@ -140,98 +140,62 @@ pub unsafe fn dot<B: Blocks, const R: usize>(
     }
 }
 
-/// Scales of blocks `16g .. 16g+16` of a packed row as f32 (zero past the row's `nb` blocks).
-#[inline(always)]
-unsafe fn packed_scales(scales: *const u8, nb: usize, g: usize) -> __m512 {
-    unsafe {
-        let left = nb - 16 * g;
-        let sp = scales.add(32 * g) as *const __m256i;
-        if left >= 16 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(sp))
-        } else {
-            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                ((1u32 << left) - 1) as u16,
-                sp as _,
-            ))
-        }
-    }
-}
-
-/// One [`Q8_0Packed`](crate::WeightType::Q8_0Packed) weight row (`nb` blocks) against a tile of
-/// `R` activation rows quantised by [`quantize_row_i8c`] and interleaved per block pair (see
-/// `PackedActs` in the parent module): pair `p` of tile row `r` is at `xq + 64·(p·R + r)`, its
-/// expanded scales at `xs + 16·(p·R + r)`, and the corrections of block group `g` at
-/// `xc + 16·(g·R + r)`. Interleaving keeps every row's address a constant offset from one
-/// pointer — with one pointer per row, eight rows spilled the general-purpose registers.
+/// One group of 16 interleaved weight rows ([`WeightType::Q8_0R16`], `nb` blocks, see
+/// [`crate::pack`]) against `R` activation rows quantised by [`quantize_row_i8s`]: row `r`'s
+/// quants start at `xq + r·qstride`, its block scales at `xd + r·bstride`, its corrections at
+/// `xc + r·bstride`. Writes row `r`'s 16 outputs to `out + r·ostride`.
 ///
-/// Per block pair the weight side is one 64-byte load and one permute (the pair's scales, out of
-/// 16 converted at once); per row it is `vpdpbusd`, convert, scale multiply, FMA. The +128 the
-/// weights carry is removed at the end as Σ_b d_w(b)·corr(b), one FMA per 16 blocks per row.
+/// Per block the weight side is one scale conversion and eight 64-byte loads, shared by the tile;
+/// per row it is eight `vpdpbusd` (four broadcast activation bytes against four weights of each
+/// of the 16 rows), one convert, one scale multiply and one FMA — for 16 outputs. Each output
+/// adds its blocks in order whatever `R`, so results are batch-invariant.
 ///
-/// [`quantize_row_i8c`]: crate::quant::quantize_row_i8c
+/// [`WeightType::Q8_0R16`]: crate::WeightType::Q8_0R16
+/// [`quantize_row_i8s`]: crate::quant::quantize_row_i8s
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // `r` also addresses the tile's rows
-pub unsafe fn dot_packed<const R: usize>(
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
+pub unsafe fn dot_r16<const R: usize>(
     w: *const u8,
     nb: usize,
     xq: *const i8,
-    xs: *const f32,
-    xc: *const f32,
-) -> [f32; R] {
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
     unsafe {
         let mut acc = [_mm512_setzero_ps(); R];
-        let scales = w.add(nb * 32);
-        let first_pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let two = _mm512_set1_epi32(2);
-        let full_pairs = nb / 2;
-        let groups = nb.div_ceil(16);
-        for g in 0..groups {
-            let wsc = packed_scales(scales, nb, g);
-            let mut idx = first_pair;
-            let p0 = 8 * g;
-            for p in p0..full_pairs.min(p0 + 8) {
-                let ws = _mm512_permutexvar_ps(idx, wsc);
-                idx = _mm512_add_epi32(idx, two);
-                let wv = _mm512_loadu_si512(w.add(64 * p) as *const __m512i);
-                let qp = xq.add(64 * R * p);
-                let sp = xs.add(16 * R * p);
-                for r in 0..R {
-                    let xv = _mm512_loadu_si512(qp.add(64 * r) as *const __m512i);
-                    let ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                    let s = _mm512_mul_ps(ws, _mm512_loadu_ps(sp.add(16 * r)));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
-                }
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for b in 0..nb {
+            let blk = w.add(b * crate::pack::GROUP_BLOCK_BYTES);
+            let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(blk.add(32 + 64 * c) as *const __m512i);
             }
-            if nb % 2 == 1 && full_pairs < p0 + 8 {
-                // The single last block: its upper half is masked off (zero weights), and its
-                // scales sit in lanes 0..8 of the pair's slot.
-                let p = full_pairs;
-                let ws = _mm512_permutexvar_ps(idx, wsc);
-                let half = 0xffff_ffffu64;
-                let wv = _mm512_maskz_loadu_epi8(half, w.add(64 * p) as *const i8);
-                let qp = xq.add(64 * R * p);
-                let sp = xs.add(16 * R * p);
-                for r in 0..R {
-                    let xv = _mm512_maskz_loadu_epi8(half, qp.add(64 * r));
-                    let ip = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                    let s = _mm512_mul_ps(ws, _mm512_loadu_ps(sp.add(16 * r)));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
-                }
-            }
-        }
-        // The +128 correction in its own pass, so the main loop keeps only `acc` in registers.
-        let mut cacc = [_mm512_setzero_ps(); R];
-        for g in 0..groups {
-            let wsc = packed_scales(scales, nb, g);
-            let cp = xc.add(16 * R * g);
             for r in 0..R {
-                cacc[r] = _mm512_fmadd_ps(wsc, _mm512_loadu_ps(cp.add(16 * r)), cacc[r]);
+                let xb = xq.add(r * qstride + 32 * b);
+                macro_rules! x4 {
+                    ($c:expr) => {
+                        _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * $c) as *const i32))
+                    };
+                }
+                // Two chains of four so that a one-row tile is not bound by `vpdpbusd` latency;
+                // integer adds, so the sum is exact.
+                let mut ip0 = _mm512_set1_epi32(*xc.add(r * bstride + b));
+                let mut ip1 = _mm512_setzero_si512();
+                for c in (0..8).step_by(2) {
+                    ip0 = _mm512_dpbusd_epi32(ip0, wv[c], x4!(c));
+                    ip1 = _mm512_dpbusd_epi32(ip1, wv[c + 1], x4!(c + 1));
+                }
+                let ip = _mm512_add_epi32(ip0, ip1);
+                let s = _mm512_mul_ps(ws, _mm512_set1_ps(*xd.add(r * bstride + b)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
             }
         }
-        let mut out = [0f32; R];
         for r in 0..R {
-            out[r] = _mm512_reduce_add_ps(acc[r]) - _mm512_reduce_add_ps(cacc[r]);
+            _mm512_storeu_ps(out.add(r * ostride), acc[r]);
         }
-        out
     }
 }

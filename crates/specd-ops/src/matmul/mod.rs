@@ -14,8 +14,9 @@ mod avx2;
 mod avx512;
 mod scalar;
 
+use crate::pack::GROUP;
 use crate::parallel::{chunk_len, SyncPtr};
-use crate::quant::{quantize_row_i8c, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
+use crate::quant::{quantize_row_i8s, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
 use crate::weight::{Weight, WeightType};
 use crate::{Isa, OpsError};
 use rayon::prelude::*;
@@ -51,26 +52,8 @@ pub fn matmul_with(
         return Ok(());
     }
     let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
-    if w.wtype == WeightType::Q8_0Packed {
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni {
-            let acts = PackedActs::new(x, n, w.cols);
-            run(w, n, out, |wrow, rows, res| {
-                kernel_packed(wrow, &acts, rows, res)
-            });
-            return Ok(());
-        }
-        // A packed matrix on a lower level (tests only: packing happens for VNNI): dequantise
-        // the row and use the portable float dot.
-        let cols = w.cols;
-        run(w, n, out, |wrow, rows, res| {
-            let mut wf = vec![0f32; cols];
-            crate::weight::dequantize(w.wtype, wrow, &mut wf);
-            let wb: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
-            for (r, &ri) in res.iter_mut().zip(rows) {
-                *r = scalar::dot_float(WeightType::F32, &wb, &x[ri * cols..(ri + 1) * cols]);
-            }
-        });
+    if w.wtype == WeightType::Q8_0R16 {
+        run_r16(isa, w, &I8Acts::new(x, n, w.cols), n, out);
         return Ok(());
     }
     let quantised = matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0);
@@ -204,96 +187,146 @@ fn kernel_vnni(
     }
 }
 
-/// Activations for the packed kernel: each row quantised by [`quantize_row_i8c`], then
-/// interleaved per tile of `TILE` rows so that one pointer addresses a whole tile (see
-/// [`avx512::dot_packed`]). Tiles start at multiples of `TILE` (the row walk in [`run`] keeps
-/// them there); the last one may be shorter.
-#[cfg(target_arch = "x86_64")]
-struct PackedActs {
-    qs: Vec<i8>,
-    scales: Vec<f32>,
-    corr: Vec<f32>,
-    n: usize,
-    /// Pairs per row (the odd last block gets a whole pair slot).
-    pairs: usize,
-    /// Blocks per row.
+/// Activations for [`WeightType::Q8_0R16`] weights, each row quantised by
+/// [`quantize_row_i8s`]: signed quants, one scale and one correction per block.
+struct I8Acts {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    c: Vec<i32>,
+    cols: usize,
     nb: usize,
-    /// Correction groups (16 blocks) per row.
-    groups: usize,
 }
 
-#[cfg(target_arch = "x86_64")]
-impl PackedActs {
+impl I8Acts {
     fn new(x: &[f32], n: usize, cols: usize) -> Self {
         let nb = cols / 32;
-        let (pairs, groups) = (nb.div_ceil(2), nb.div_ceil(16));
-        let mut a = PackedActs {
-            qs: vec![0; n * pairs * 64],
-            scales: vec![0.0; n * pairs * 16],
-            corr: vec![0.0; n * groups * 16],
-            n,
-            pairs,
+        let mut a = I8Acts {
+            q: vec![0; n * cols],
+            d: vec![0.0; n * nb],
+            c: vec![0; n * nb],
+            cols,
             nb,
-            groups,
         };
-        let (mut q, mut s, mut c) = (
-            vec![0i8; pairs * 64],
-            vec![0f32; pairs * 16],
-            vec![0f32; groups * 16],
-        );
-        for (r, row) in x.chunks_exact(cols).enumerate() {
-            quantize_row_i8c(row, &mut q[..cols], &mut s, &mut c);
-            let (t0, t) = a.tile(r);
-            let i = r - t0;
-            for p in 0..pairs {
-                let dq = (t0 * pairs + p * t + i) * 64;
-                a.qs[dq..dq + 64].copy_from_slice(&q[p * 64..p * 64 + 64]);
-                let ds = (t0 * pairs + p * t + i) * 16;
-                a.scales[ds..ds + 16].copy_from_slice(&s[p * 16..p * 16 + 16]);
-            }
-            for g in 0..groups {
-                let dc = (t0 * groups + g * t + i) * 16;
-                a.corr[dc..dc + 16].copy_from_slice(&c[g * 16..g * 16 + 16]);
-            }
+        for (((row, q), d), c) in x
+            .chunks_exact(cols)
+            .zip(a.q.chunks_exact_mut(cols))
+            .zip(a.d.chunks_exact_mut(nb))
+            .zip(a.c.chunks_exact_mut(nb))
+        {
+            quantize_row_i8s(row, q, d, c);
         }
         a
     }
+}
 
-    /// First row and length of the tile holding row `r`.
-    fn tile(&self, r: usize) -> (usize, usize) {
-        let t0 = r / TILE * TILE;
-        (t0, TILE.min(self.n - t0))
+/// [`WeightType::Q8_0R16`] weights: threads split the groups of 16 output columns (plus one item
+/// for the plain Q8_0 tail rows, if any); activation rows are walked in cache-sized blocks and
+/// tiles of up to `TILE`, as in [`run`].
+fn run_r16(isa: Isa, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
+    let rows = w.rows;
+    let groups = rows / GROUP;
+    let gbytes = GROUP * w.row_bytes();
+    let bytes = w.bytes();
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let chunk = chunk_len(groups, 1, 1);
+    let n_chunks = groups.div_ceil(chunk);
+    let tail = usize::from(groups * GROUP < rows);
+    (0..n_chunks + tail).into_par_iter().for_each(|c| {
+        if c == n_chunks {
+            let rb = w.row_bytes();
+            for o in groups * GROUP..rows {
+                let wrow = &bytes[o * rb..(o + 1) * rb];
+                for i in 0..n {
+                    let v = scalar::dot_q8_0_i8s(wrow, a.row(i));
+                    // SAFETY: tail columns belong to this item only; `i < n`.
+                    unsafe { out_ptr.write(i * rows + o, v) };
+                }
+            }
+            return;
+        }
+        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
+        for r0 in (0..n).step_by(ROW_BLOCK) {
+            let r1 = (r0 + ROW_BLOCK).min(n);
+            for g in g0..g1 {
+                let wg = &bytes[g * gbytes..(g + 1) * gbytes];
+                let mut r = r0;
+                while r < r1 {
+                    let t = (r1 - r).min(TILE);
+                    // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+t` < n.
+                    let o =
+                        unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (t - 1) * rows + GROUP) };
+                    kernel_r16(isa, wg, a, r, t, o, rows);
+                    r += t;
+                }
+            }
+        }
+    });
+}
+
+/// One group of 16 interleaved weight rows against activation rows `r..r+t`: row `r+i`'s 16
+/// outputs go to `out[i·ostride..i·ostride+16]`.
+fn kernel_r16(
+    isa: Isa,
+    wg: &[u8],
+    a: &I8Acts,
+    r: usize,
+    t: usize,
+    out: &mut [f32],
+    ostride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni {
+        // SAFETY: VNNI level detected; `wg` is one whole group of `nb` group blocks; rows
+        // `r..r+t` exist in `a`; `out` covers `(t-1)·ostride + 16` floats.
+        unsafe {
+            let (q, d, c) = (
+                a.q.as_ptr().add(r * a.cols),
+                a.d.as_ptr().add(r * a.nb),
+                a.c.as_ptr().add(r * a.nb),
+            );
+            macro_rules! go {
+                ($r:literal) => {
+                    avx512::dot_r16::<$r>(
+                        wg.as_ptr(),
+                        a.nb,
+                        q,
+                        a.cols,
+                        d,
+                        c,
+                        a.nb,
+                        out.as_mut_ptr(),
+                        ostride,
+                    )
+                };
+            }
+            match t {
+                8 => go!(8),
+                7 => go!(7),
+                6 => go!(6),
+                5 => go!(5),
+                4 => go!(4),
+                3 => go!(3),
+                2 => go!(2),
+                _ => go!(1),
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    for i in 0..t {
+        for j in 0..GROUP {
+            out[i * ostride + j] = scalar::dot_r16(wg, j, a.row(r + i));
+        }
     }
 }
 
-/// Packed Q8_0 weights on the AVX-512 VNNI level: one tile of rows per call.
-#[cfg(target_arch = "x86_64")]
-fn kernel_packed(wrow: &[u8], a: &PackedActs, rows: &[usize], res: &mut [f32]) {
-    let t0 = rows[0];
-    debug_assert_eq!(a.tile(t0), (t0, rows.len()), "tiles must be aligned");
-    // SAFETY: VNNI level detected; `wrow` is one packed row of `nb` blocks; the tile at `t0`
-    // holds `rows.len()` rows of `pairs` pair slots and `groups` correction groups (built by
-    // `PackedActs::new` for this matrix's column count).
-    unsafe {
-        let q = a.qs.as_ptr().add(t0 * a.pairs * 64);
-        let s = a.scales.as_ptr().add(t0 * a.pairs * 16);
-        let c = a.corr.as_ptr().add(t0 * a.groups * 16);
-        macro_rules! go {
-            ($r:literal) => {{
-                let v = avx512::dot_packed::<$r>(wrow.as_ptr(), a.nb, q, s, c);
-                res.copy_from_slice(&v);
-            }};
-        }
-        match rows.len() {
-            8 => go!(8),
-            7 => go!(7),
-            6 => go!(6),
-            5 => go!(5),
-            4 => go!(4),
-            3 => go!(3),
-            2 => go!(2),
-            _ => go!(1),
-        }
+impl I8Acts {
+    /// Row `i`: quants and block scales.
+    fn row(&self, i: usize) -> scalar::I8Row<'_> {
+        (
+            &self.q[i * self.cols..(i + 1) * self.cols],
+            &self.d[i * self.nb..(i + 1) * self.nb],
+        )
     }
 }
 
