@@ -77,8 +77,9 @@ pub struct BenchArgs {
     /// At most this many single-turn prompts.
     #[arg(long = "max-prompts", default_value_t = 12)]
     pub max_prompts: usize,
-    /// Runs of each workload × configuration in "spec" / "synth" mode; the fastest is reported
-    /// (small models decode in a millisecond, where one run's timing is mostly the host's noise).
+    /// Rounds in "spec" / "synth" mode: each round runs plain and every configuration once per
+    /// workload, and each cell reports its fastest round (one run's timing is mostly the host's
+    /// noise on small models and shared machines).
     #[arg(long = "spec-reps", default_value_t = 1)]
     pub spec_reps: usize,
     #[command(flatten)]
@@ -296,17 +297,19 @@ struct RunResult {
     stats: SpecStats,
 }
 
+impl RunResult {
+    fn tok_s(&self) -> f64 {
+        self.tokens as f64 / self.secs.max(1e-9)
+    }
+}
+
 /// Runs a workload (all turns; each turn carries the whole history) with `spec`.
 /// The fastest of `reps` (at least one) runs.
-fn best_of(reps: usize, mut run: impl FnMut() -> Result<RunResult>) -> Result<RunResult> {
-    let mut best = run()?;
-    for _ in 1..reps {
-        let r = run()?;
-        if r.tokens as f64 / r.secs.max(1e-9) > best.tokens as f64 / best.secs.max(1e-9) {
-            best = r;
-        }
+/// Keeps the faster of `slot` and `r`.
+fn keep_fastest(slot: &mut Option<RunResult>, r: RunResult) {
+    if slot.as_ref().is_none_or(|b| r.tok_s() > b.tok_s()) {
+        *slot = Some(r);
     }
-    Ok(best)
 }
 
 fn run_workload(
@@ -378,7 +381,7 @@ fn row(
     r: &RunResult,
     plain_tok_s: f64,
 ) -> SpecRow {
-    let tok_s = r.tokens as f64 / r.secs.max(1e-9);
+    let tok_s = r.tok_s();
     let st = &r.stats;
     SpecRow {
         workload: w.into(),
@@ -501,15 +504,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         // Synthetic runs use only the first workload (the sweep is about the machinery).
         let synth_w = &workloads[..1.min(workloads.len())];
+        let reps = a.spec_reps.max(1);
         let pb = bar(
-            workloads.len() * (1 + configs.iter().filter(|c| c.3.is_none()).count())
-                + synth_w.len() * configs.iter().filter(|c| c.3.is_some()).count(),
+            reps * (workloads.len() * (1 + configs.iter().filter(|c| c.3.is_none()).count())
+                + synth_w.len() * configs.iter().filter(|c| c.3.is_some()).count()),
             "spec",
         );
         for w in &workloads {
             let mut refs = Vec::new();
-            let plain = best_of(a.spec_reps, || {
-                run_workload(
+            let is_synth_w = synth_w.iter().any(|x| x.id == w.id);
+            let cells: Vec<_> = configs
+                .iter()
+                .filter(|c| c.3.is_none() || is_synth_w)
+                .collect();
+            // Round-robin: plain and every configuration once per round, the fastest round of
+            // each kept. On a shared host load comes in bursts; running one cell's repetitions
+            // back to back let a burst land on a single cell and distort its speedup.
+            let mut plain: Option<RunResult> = None;
+            let mut best: Vec<Option<RunResult>> = cells.iter().map(|_| None).collect();
+            for _ in 0..reps {
+                let r = run_workload(
                     &model,
                     w,
                     &a,
@@ -517,11 +531,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     RollbackKind::Fast,
                     None,
                     &mut refs,
-                )
-            })?;
-            pb.inc(1);
-            let plain_tok_s = plain.tokens as f64 / plain.secs.max(1e-9);
-            let is_synth_w = synth_w.iter().any(|x| x.id == w.id);
+                )?;
+                keep_fastest(&mut plain, r);
+                pb.inc(1);
+                for ((_, p, rb, _), slot) in cells.iter().zip(&mut best) {
+                    let r = run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?;
+                    keep_fastest(slot, r);
+                    pb.inc(1);
+                }
+            }
+            let Some(plain) = plain else { continue };
+            let plain_tok_s = plain.tok_s();
             let plain_row = row(
                 &w.id,
                 "plain",
@@ -537,14 +557,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if modes.contains(&"synth") && is_synth_w {
                 rep.synth.push(plain_row);
             }
-            for (name, p, rb, rate) in &configs {
-                if rate.is_some() && !is_synth_w {
-                    continue;
-                }
-                let r = best_of(a.spec_reps, || {
-                    run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)
-                })?;
-                pb.inc(1);
+            for ((name, p, rb, rate), r) in cells.iter().zip(best) {
+                let Some(r) = r else { continue };
                 let rr = row(&w.id, name, *rb, p.n_max, *rate, &r, plain_tok_s);
                 if rate.is_some() {
                     rep.synth.push(rr);

@@ -9,12 +9,17 @@
 //! E[tokens | n] = 1 + Σ_{i=1..n} Π_{j≤i} a_j        time(n) = c(n+1) + n·draft_cost
 //! ```
 //!
+//! When the draft is verified under a checkpoint (checkpoint rollback, or a draft longer than the
+//! fast path's window), `time(n)` also counts the measured checkpoint time and the expected
+//! replay: Σ_{k<n} P(exactly k accepted)·replay(k+1).
+//!
 //! It starts pessimistic, because a request that ends before the estimates settle must not have
 //! paid for optimism: every position's prior is [`PRIOR`] (so the first round drafts one or two
-//! tokens) and unmeasured batch widths are assumed to cost [`UNMEASURED_SLOPE`] of a step per
-//! extra row. Until a position has [`WARMUP`] observations its estimate is the running mean
-//! (prior counted as [`PRIOR_WEIGHT`] observations), so a few rounds of evidence move it at once;
-//! after that it is an exponential moving average that follows changes in the text.
+//! tokens) and, until two batch widths are measured, a wider batch is assumed to cost
+//! [`UNMEASURED_SLOPE`] of a step per extra row (after that, the measured slope is extended).
+//! Until a position has [`WARMUP`] observations its estimate is the running mean (prior counted
+//! as [`PRIOR_WEIGHT`] observations), so a few rounds of evidence move it at once; after that it
+//! is an exponential moving average that follows changes in the text.
 //!
 //! When it picks zero while a cheap drafter has a draft ready, the draft is kept "in the
 //! shadow": the plain step's token tells whether its first position would have been accepted,
@@ -27,36 +32,84 @@
 //! is noticed, and never once even perfect acceptance could not beat plain decoding at the
 //! measured costs.
 
-/// Measured cost of verification batches by width (rows), shared by every sequence.
+/// Measured cost of verification batches by width (rows), shared by every sequence, and of the
+/// checkpoint-and-replay rollback where a draft needs it.
 #[derive(Debug, Clone)]
 pub struct CostModel {
     /// EMA of seconds per decode call of width w (index w), if measured.
     secs: Vec<Option<f64>>,
+    /// EMA of seconds of a checkpoint-and-replay rollback that kept w rows (index w): restoring
+    /// the state and decoding those rows again.
+    replay: Vec<Option<f64>>,
+    /// EMA of seconds to take a checkpoint before a verification batch.
+    checkpoint: Option<f64>,
+    /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a replay when not
+    /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
+    /// paths, unlimited without recurrent state.
+    fast_window: usize,
 }
 
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
             secs: vec![None; 66],
+            replay: vec![None; 66],
+            checkpoint: None,
+            fast_window: usize::MAX,
         }
     }
 }
 
+fn ema(old: Option<f64>, new: f64, rate: f64) -> Option<f64> {
+    Some(old.map_or(new, |o| (1.0 - rate) * o + rate * new))
+}
+
 impl CostModel {
+    /// A cost model for a memory whose fast rollback covers batches of up to `fast_window` rows
+    /// (0: every draft is verified under a checkpoint and rolled back by replay).
+    pub fn with_fast_window(fast_window: usize) -> Self {
+        CostModel {
+            fast_window,
+            ..Default::default()
+        }
+    }
+    /// Records a checkpoint-and-replay rollback that kept `rows` rows and took `secs`.
+    pub fn observe_replay(&mut self, rows: usize, secs: f64) {
+        if rows < self.replay.len() && secs.is_finite() && secs >= 0.0 {
+            self.replay[rows] = ema(self.replay[rows], secs, 0.2);
+        }
+    }
+    /// Records that taking a checkpoint took `secs`.
+    pub fn observe_checkpoint(&mut self, secs: f64) {
+        if secs.is_finite() && secs >= 0.0 {
+            self.checkpoint = ema(self.checkpoint, secs, 0.2);
+        }
+    }
+    /// Whether a draft of `n` tokens is verified under a checkpoint.
+    pub fn needs_checkpoint(&self, n: usize) -> bool {
+        n > 0 && n + 1 > self.fast_window
+    }
+    /// Estimated seconds of a replay rollback keeping `rows` rows: measured, else the cost of a
+    /// verification batch of that width (an upper bound: a replay computes no logits).
+    fn replay_cost(&self, rows: usize) -> f64 {
+        match self.replay.get(rows).copied().flatten() {
+            Some(s) => s,
+            None if rows == 0 => 0.0,
+            None => self.cost(rows),
+        }
+    }
+
     /// Records that a decode of `width` rows took `secs`.
     pub fn observe(&mut self, width: usize, secs: f64) {
         if width >= self.secs.len() || !secs.is_finite() || secs <= 0.0 {
             return;
         }
-        let s = &mut self.secs[width];
-        *s = Some(match *s {
-            None => secs,
-            Some(old) => 0.8 * old + 0.2 * secs,
-        });
+        self.secs[width] = ema(self.secs[width], secs, 0.2);
     }
     /// Estimated seconds for a batch of `width` rows. Unmeasured widths are interpolated between
-    /// measured ones; beyond the widest measured one a conservative slope (each extra row costs
-    /// [`UNMEASURED_SLOPE`] of a single row) is assumed until it is measured.
+    /// measured ones; beyond the widest measured one the slope of the two widest measured widths
+    /// is extended (at least [`MIN_SLOPE`] of the widest's cost per row), or with a single
+    /// measured width a conservative [`UNMEASURED_SLOPE`] of it per row.
     pub fn cost(&self, width: usize) -> f64 {
         let w = width.min(self.secs.len() - 1);
         if let Some(s) = self.secs[w] {
@@ -66,7 +119,20 @@ impl CostModel {
         let above = (w + 1..self.secs.len()).find_map(|i| self.secs[i].map(|s| (i, s)));
         match (below, above) {
             (Some((i0, s0)), Some((i1, s1))) => s0 + (s1 - s0) * (w - i0) as f64 / (i1 - i0) as f64,
-            (Some((i0, s0)), None) => s0 * (1.0 + UNMEASURED_SLOPE * (w - i0) as f64),
+            (Some((i0, s0)), None) => {
+                // Beyond the widest measured width: extend the slope between the two widest
+                // measured ones (what this machine's kernels have shown), floored so that noise
+                // cannot make rows look free. With one measured width only, the pessimistic
+                // prior slope. Without this, a controller that had only tried short drafts kept
+                // estimating long ones at the prior's 0.2 step per row and never tried them,
+                // even at full acceptance.
+                let prev = (1..i0).rev().find_map(|i| self.secs[i].map(|s| (i, s)));
+                let slope = match prev {
+                    Some((ip, sp)) => ((s0 - sp) / (i0 - ip) as f64).max(MIN_SLOPE * s0),
+                    None => UNMEASURED_SLOPE * s0,
+                };
+                s0 + slope * (w - i0) as f64
+            }
             (None, Some((i1, s1))) => s1 / (1.0 + UNMEASURED_SLOPE * (i1 - w) as f64),
             (None, None) => 1.0 + UNMEASURED_SLOPE * (w as f64 - 1.0),
         }
@@ -106,6 +172,9 @@ pub const INHERIT: f64 = 0.95;
 pub const ALPHA: f64 = 0.15;
 /// Assumed extra cost per row of an unmeasured batch width, as a fraction of a measured one.
 pub const UNMEASURED_SLOPE: f64 = 0.2;
+/// Least extra cost per row assumed when extrapolating from two measured widths, as a fraction
+/// of the widest measured one's cost.
+pub const MIN_SLOPE: f64 = 0.02;
 /// Skipped rounds before the first probe of a model drafter; doubles after each probe that does
 /// not bring drafting back, up to [`PROBE_MAX`].
 pub const PROBE_FIRST: u32 = 8;
@@ -231,13 +300,20 @@ impl Controller {
     ) -> usize {
         let mut best = (0usize, 1.0 / cost.cost(1));
         let (mut e, mut p) = (1.0, 1.0);
+        // Expected replay time if this draft ends at n: Σ_{k<n} P(exactly k accepted)·replay(k+1).
+        let mut replay = 0.0;
         for n in 1..=available.min(self.accept.len()) {
+            let before = p;
             p *= acc(n - 1);
             e += p;
+            replay += (before - p) * cost.replay_cost(n);
             if n < n_min.max(1) {
                 continue;
             }
-            let t = cost.cost(n + 1) + n as f64 * draft_secs;
+            let mut t = cost.cost(n + 1) + n as f64 * draft_secs;
+            if cost.needs_checkpoint(n) {
+                t += cost.checkpoint.unwrap_or(0.0) + replay;
+            }
             let rate = e / t;
             if rate > best.1 * 1.0001 {
                 best = (n, rate);
@@ -277,6 +353,58 @@ mod tests {
             c.observe(16, 16);
         }
         assert!(c.choose(16, 0, &cost) >= 12);
+    }
+
+    #[test]
+    fn wider_batches_extend_the_measured_slope() {
+        let mut cost = CostModel::default();
+        cost.observe(1, 0.020);
+        // One width known: the prior slope (0.2 of it per row).
+        assert!((cost.cost(5) - 0.020 * 1.8).abs() < 1e-12);
+        cost.observe(5, 0.032);
+        assert!((cost.cost(3) - 0.026).abs() < 1e-12, "interpolated");
+        assert!((cost.cost(9) - 0.044).abs() < 1e-12, "3 ms per row, extended");
+        // Noise that makes rows look free is floored.
+        cost.observe(6, 0.031);
+        assert!(cost.cost(10) > 0.031 + 4.0 * MIN_SLOPE * 0.031 - 1e-12);
+        // At full acceptance the extension lets a controller that has only seen 4-token drafts
+        // go longer: with the prior slope it would stay at 4.
+        let mut cost = CostModel::default();
+        cost.observe(1, 0.022);
+        cost.observe(5, 0.034);
+        let mut c = Controller::new(8);
+        for _ in 0..50 {
+            c.observe(4, 4);
+        }
+        assert_eq!(c.choose(8, 0, &cost), 8);
+    }
+
+    #[test]
+    fn replay_rollback_is_counted() {
+        // This host's shape: 2 rows cost 1.1 steps, 3 rows 1.2; a replay costs about a step.
+        let fast = linear_cost(9, 0.022, 0.1);
+        let mut ckpt = CostModel::with_fast_window(0);
+        for w in 1..=9 {
+            ckpt.observe(w, 0.022 * (1.0 + 0.1 * (w as f64 - 1.0)));
+            ckpt.observe_replay(w, 0.020 * (1.0 + 0.1 * (w as f64 - 1.0)));
+        }
+        ckpt.observe_checkpoint(0.001);
+        assert!(!fast.needs_checkpoint(8) && ckpt.needs_checkpoint(1));
+        let mut c = Controller::new(8);
+        for _ in 0..50 {
+            c.observe(1, 1); // the first position is accepted half the time
+            c.observe(1, 0);
+        }
+        // Fast rollback: short drafts pay (~1.5 tokens for 1.1 steps).
+        assert!(c.choose(8, 0, &fast) >= 1);
+        // Checkpoint: half the rounds replay a step as well — plain decoding is faster.
+        assert_eq!(c.choose(8, 0, &ckpt), 0);
+        // At high acceptance the replay is rare and drafting pays again.
+        let mut c = Controller::new(8);
+        for _ in 0..50 {
+            c.observe(8, 8);
+        }
+        assert!(c.choose(8, 0, &ckpt) >= 6);
     }
 
     #[test]

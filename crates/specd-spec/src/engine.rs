@@ -177,11 +177,18 @@ impl Engine {
             RollbackKind::Checkpoint => RollbackMode::None,
         };
         let mem = model.new_memory(mem_cfg);
+        let cost = if !model.memory_layout().is_hybrid() {
+            CostModel::default()
+        } else if rollback == RollbackKind::Checkpoint {
+            CostModel::with_fast_window(0)
+        } else {
+            CostModel::with_fast_window(mem.config().rollback_window)
+        };
         Engine {
             model,
             mem,
             seqs: BTreeMap::new(),
-            cost: CostModel::default(),
+            cost,
             mod_table: ModTable::new(1 << 20),
             rollback,
             grammar_vocab: OnceLock::new(),
@@ -564,7 +571,10 @@ impl Engine {
                 && !draft.is_empty()
                 && (self.rollback == RollbackKind::Checkpoint || draft.len() + 1 > window)
             {
-                match self.mem.checkpoint(id) {
+                let t_cp = Instant::now();
+                let c = self.mem.checkpoint(id);
+                self.cost.observe_checkpoint(t_cp.elapsed().as_secs_f64());
+                match c {
                     Ok(c) => c,
                     Err(e) => {
                         self.fail(id, e.to_string(), &mut events);
@@ -711,7 +721,8 @@ impl Engine {
         // Fed rows: last, d1..dn. Accepted in memory: last, d1..dk.
         let mut fed = vec![s.tokens[p]];
         fed.extend_from_slice(draft);
-        if let Err(e) = rollback_rejected(
+        let (replays_before, t_rb) = (s.stats.rollbacks_checkpoint, Instant::now());
+        let rolled = rollback_rejected(
             &self.model,
             &mut self.mem,
             id,
@@ -720,7 +731,12 @@ impl Engine {
             k + 1,
             cp,
             &mut s.stats,
-        ) {
+        );
+        if s.stats.rollbacks_checkpoint > replays_before {
+            self.cost
+                .observe_replay(k + 1, t_rb.elapsed().as_secs_f64());
+        }
+        if let Err(e) = rolled {
             let msg = e.to_string();
             self.fail(id, msg, events);
             return;
