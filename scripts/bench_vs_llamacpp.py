@@ -7,8 +7,9 @@
    command line (`specd serve` takes llama-server's flags) — plain, and `--spec-type ngram-mod`
    with `--spec-synth-rates` P_i = a^(i+1) (per-token acceptance a, draft length n) — and each gets
    the same greedy /completion request. The figure is `timings.predicted_per_second`; the speedup
-   is over the same engine's plain run. specd's synthetic drafter drafts the true continuation
-   corrupted so position i is accepted with probability P_i (its output stays the plain output);
+   is over the same engine's plain run, measured again right before each row. specd's synthetic
+   drafter drafts the true continuation corrupted so position i is accepted with probability P_i
+   (its output stays the plain output);
    llama.cpp's flips a coin per drafted token. specd runs with `--spec-rollback fast` (default)
    and `checkpoint` (llama.cpp's way), to measure the rollback itself.
 
@@ -119,14 +120,22 @@ def main():
             row = {"rate": rate, "n_max": n}
             cells = []
             acc_len = None
+            row_plain = {}
             for name, (binary, extra) in engines.items():
+                # Plain decoding is measured again next to each row (and the row's speedups are
+                # over that): this host's speed drifts in bursts, and a plain figure taken minutes
+                # earlier made rows that drafted nothing read 0.75x or 1.3x.
+                if name == "specd checkpoint":
+                    row_plain[name] = row_plain["specd fast"]
+                else:
+                    row_plain[name] = run_server(binary, base + extra, a.n_gen, a.reps)["predicted_per_second"]
                 t = run_server(binary, base + extra + spec, a.n_gen, a.reps)
                 tps = t["predicted_per_second"]
-                row[name] = {"tok_s": tps, "speedup": tps / plain[name], "draft_n": t.get("draft_n"),
-                             "draft_n_accepted": t.get("draft_n_accepted")}
+                row[name] = {"tok_s": tps, "plain_tok_s": row_plain[name], "speedup": tps / row_plain[name],
+                             "draft_n": t.get("draft_n"), "draft_n_accepted": t.get("draft_n_accepted")}
                 if name == "specd fast":
                     acc_len = (t.get("speculative") or {}).get("acceptance_length")
-                cells.append(f"{tps:.2f} ({tps / plain[name]:.2f}×)")
+                cells.append(f"{tps:.2f} ({tps / row_plain[name]:.2f}×)")
             rows.append(row)
             print(f"| {rate} | {n} | " + " | ".join(cells) + f" | {acc_len if acc_len is None else round(acc_len, 2)} |", flush=True)
     out["synthetic"] = rows

@@ -34,7 +34,7 @@ fn streaming() {
         .collect();
     let mut out = vec![0f32; rows];
     let q = weight(WeightType::Q8_0, rows, cols);
-    let p = specd_ops::pack::pack_q8_0(&q).expect("pack");
+    let p = specd_ops::pack::pack(&q).expect("pack");
     for (w, isa) in [
         (&q, Isa::Avx2),
         (&q, Isa::Avx512Vnni),
@@ -68,15 +68,19 @@ fn main() {
         .build()
         .expect("pool");
     println!("matmul {rows}x{cols}, 1 thread, best of 15 (ms per call; × = vs 1 row)");
-    for wt in [WeightType::Q8_0, WeightType::Q8_0R16, WeightType::Q4_0] {
-        let w = if wt == WeightType::Q8_0R16 {
-            specd_ops::pack::pack_q8_0(&weight(WeightType::Q8_0, rows, cols)).expect("pack")
-        } else {
-            weight(wt, rows, cols)
+    for wt in [
+        WeightType::Q8_0,
+        WeightType::Q8_0R16,
+        WeightType::Q4_0,
+        WeightType::Q4_0R16,
+    ] {
+        let w = match wt.interleaved_from() {
+            Some(base) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),
+            None => weight(wt, rows, cols),
         };
         let levels = Isa::available().into_iter().filter(|i| *i != Isa::Scalar);
         // Interleaved rows are only read natively on the VNNI level.
-        for isa in levels.filter(|i| wt != WeightType::Q8_0R16 || *i == Isa::Avx512Vnni) {
+        for isa in levels.filter(|i| wt.interleaved_from().is_none() || *i == Isa::Avx512Vnni) {
             let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
             let mut base = 0.0;
             for n in [1usize, 2, 4, 8, 16, 32] {

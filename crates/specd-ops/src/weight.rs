@@ -20,6 +20,10 @@ pub enum WeightType {
     /// last whole group stay in Q8_0 layout after the groups. Same size as Q8_0; rows are
     /// dequantised with [`Weight::dequantize_row`] only.
     Q8_0R16,
+    /// Q4_0 repacked the same way for the AVX-512 VNNI kernel: 16-row groups, nibbles re-paired
+    /// so that one 64-byte load yields two registers of four weights per row (see
+    /// [`crate::pack`]). Same size as Q4_0.
+    Q4_0R16,
 }
 
 impl WeightType {
@@ -27,7 +31,7 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 => 32,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 | WeightType::Q4_0R16 => 32,
         }
     }
     /// Bytes per block.
@@ -36,12 +40,20 @@ impl WeightType {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
             WeightType::Q8_0 | WeightType::Q8_0R16 => 34,
-            WeightType::Q4_0 => 18,
+            WeightType::Q4_0 | WeightType::Q4_0R16 => 18,
         }
     }
     /// Bytes of one row of `cols` weights.
     pub fn row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.block_bytes()
+    }
+    /// For the 16-row interleaved layouts: the ggml type they were repacked from.
+    pub fn interleaved_from(self) -> Option<WeightType> {
+        match self {
+            WeightType::Q8_0R16 => Some(WeightType::Q8_0),
+            WeightType::Q4_0R16 => Some(WeightType::Q4_0),
+            _ => None,
+        }
     }
     /// Short name as llama.cpp prints it.
     pub fn name(self) -> &'static str {
@@ -52,6 +64,7 @@ impl WeightType {
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
             WeightType::Q8_0R16 => "q8_0 (16-row interleaved)",
+            WeightType::Q4_0R16 => "q4_0 (16-row interleaved)",
         }
     }
 }
@@ -176,8 +189,8 @@ impl Weight {
     /// Dequantises row `r` into `out` (`cols` floats). Used for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.row_bytes();
-        if self.wtype == WeightType::Q8_0R16 {
-            crate::pack::dequantize_r16_row(self.bytes(), self.rows, self.cols, r, out);
+        if let Some(base) = self.wtype.interleaved_from() {
+            crate::pack::dequantize_r16_row(base, self.bytes(), self.rows, self.cols, r, out);
             return;
         }
         let row = &self.bytes()[r * rb..(r + 1) * rb];
@@ -185,8 +198,8 @@ impl Weight {
     }
 }
 
-/// Dequantises a run of whole blocks of `wtype` into `out` (not for [`WeightType::Q8_0R16`],
-/// whose rows are interleaved: use [`Weight::dequantize_row`]).
+/// Dequantises a run of whole blocks of `wtype` into `out` (not for the interleaved types, whose
+/// rows are spread over their group: use [`Weight::dequantize_row`]).
 pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
     match wtype {
         WeightType::F32 => {
@@ -212,10 +225,10 @@ pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        WeightType::Q8_0R16 => {
+        WeightType::Q8_0R16 | WeightType::Q4_0R16 => {
             // Rows are interleaved in groups: only `Weight::dequantize_row` knows where a row is.
             out.fill(f32::NAN);
-            debug_assert!(false, "dequantize a Q8_0R16 matrix by row");
+            debug_assert!(false, "dequantize an interleaved matrix by row");
         }
         WeightType::Q4_0 => {
             for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {

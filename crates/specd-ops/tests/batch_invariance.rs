@@ -70,14 +70,19 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
         WeightType::Q4_0 => quantize_q4_0(&data),
         WeightType::Q8_0R16 => {
             let q = Weight::from_bytes(WeightType::Q8_0, rows, cols, quantize_q8_0(&data)).unwrap();
-            return specd_ops::pack::pack_q8_0(&q).unwrap();
+            return specd_ops::pack::pack(&q).unwrap();
+        }
+        WeightType::Q4_0R16 => {
+            let q = Weight::from_bytes(WeightType::Q4_0, rows, cols, quantize_q4_0(&data)).unwrap();
+            return specd_ops::pack::pack(&q).unwrap();
         }
     };
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }
 
-const TYPES: [WeightType; 6] = [
+const TYPES: [WeightType; 7] = [
     WeightType::Q8_0R16,
+    WeightType::Q4_0R16,
     WeightType::F32,
     WeightType::F16,
     WeightType::BF16,
@@ -88,7 +93,7 @@ const TYPES: [WeightType; 6] = [
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..6, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
+    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..7, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
         let wt = TYPES[ti];
         // 96 columns = an odd number of 32-blocks (the VNNI kernel's single-block tail).
         let (rows, cols) = (37, if wide { 128 } else { 96 });
@@ -127,9 +132,10 @@ fn matmul_matches_dequantised_reference() {
                 let got = out[i * rows + o];
                 // Quantised types also quantise the activations to 8 bits.
                 let tol = match wt {
-                    WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 => {
-                        0.05 * (1.0 + exact.abs())
-                    }
+                    WeightType::Q8_0
+                    | WeightType::Q4_0
+                    | WeightType::Q8_0R16
+                    | WeightType::Q4_0R16 => 0.05 * (1.0 + exact.abs()),
                     _ => 1e-4 * (1.0 + exact.abs()),
                 };
                 assert!(
@@ -142,37 +148,44 @@ fn matmul_matches_dequantised_reference() {
 }
 
 #[test]
-fn interleaved_q8_0_matches_q8_0_on_every_level() {
-    // 16 and 48 rows: whole groups only; 23 and 37: a plain Q8_0 tail after the groups.
-    for (rows, cols) in [(16, 96), (23, 128), (37, 544), (48, 1056)] {
-        let n = 11; // a tile of 8 and one of 3
-        let mut r = lcg(cols as u64);
-        let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-        let q = Weight::from_bytes(WeightType::Q8_0, rows, cols, quantize_q8_0(&data)).unwrap();
-        let p = specd_ops::pack::pack_q8_0(&q).unwrap();
-        assert_eq!(p.size_bytes(), q.size_bytes());
-        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-        for o in 0..rows {
-            q.dequantize_row(o, &mut a);
-            p.dequantize_row(o, &mut b);
-            assert_eq!(a, b, "row {o}");
-        }
-        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
-        let mut reference = vec![0f32; n * rows];
-        matmul_with(Isa::Scalar, &x, n, &p, &mut reference).unwrap();
-        for isa in Isa::available() {
-            let (mut oq, mut op) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            matmul_with(isa, &x, n, &q, &mut oq).unwrap();
-            matmul_with(isa, &x, n, &p, &mut op).unwrap();
-            // Every level computes the interleaved layout with the same arithmetic.
-            assert_eq!(op, reference, "{isa:?} {rows}x{cols}");
-            // Against ggml's layout: the same integer products, only the float summation order
-            // differs.
-            for (u, v) in oq.iter().zip(&op) {
-                assert!(
-                    (u - v).abs() <= 1e-4 * (1.0 + u.abs()),
-                    "{isa:?} {rows}x{cols}: {u} vs {v}"
-                );
+fn interleaved_layouts_match_ggml_layouts_on_every_level() {
+    // 16 and 48 rows: whole groups only; 23 and 37: a ggml-layout tail after the groups.
+    for base in [WeightType::Q8_0, WeightType::Q4_0] {
+        for (rows, cols) in [(16, 96), (23, 128), (37, 544), (48, 1056)] {
+            let n = 11; // a tile of 8 and one of 3
+            let mut r = lcg(cols as u64);
+            let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+            let bytes = match base {
+                WeightType::Q8_0 => quantize_q8_0(&data),
+                _ => quantize_q4_0(&data),
+            };
+            let q = Weight::from_bytes(base, rows, cols, bytes).unwrap();
+            let p = specd_ops::pack::pack(&q).unwrap();
+            assert_eq!(p.wtype.interleaved_from(), Some(base));
+            assert_eq!(p.size_bytes(), q.size_bytes());
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for o in 0..rows {
+                q.dequantize_row(o, &mut a);
+                p.dequantize_row(o, &mut b);
+                assert_eq!(a, b, "{base:?} row {o}");
+            }
+            let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+            let mut reference = vec![0f32; n * rows];
+            matmul_with(Isa::Scalar, &x, n, &p, &mut reference).unwrap();
+            for isa in Isa::available() {
+                let (mut oq, mut op) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                matmul_with(isa, &x, n, &q, &mut oq).unwrap();
+                matmul_with(isa, &x, n, &p, &mut op).unwrap();
+                // Every level computes the interleaved layout with the same arithmetic.
+                assert_eq!(op, reference, "{base:?} {isa:?} {rows}x{cols}");
+                // Against ggml's layout: the same integer products, only the float summation
+                // order differs.
+                for (u, v) in oq.iter().zip(&op) {
+                    assert!(
+                        (u - v).abs() <= 1e-4 * (1.0 + u.abs()),
+                        "{base:?} {isa:?} {rows}x{cols}: {u} vs {v}"
+                    );
+                }
             }
         }
     }

@@ -363,7 +363,10 @@ mod tests {
         assert!((cost.cost(5) - 0.020 * 1.8).abs() < 1e-12);
         cost.observe(5, 0.032);
         assert!((cost.cost(3) - 0.026).abs() < 1e-12, "interpolated");
-        assert!((cost.cost(9) - 0.044).abs() < 1e-12, "3 ms per row, extended");
+        assert!(
+            (cost.cost(9) - 0.044).abs() < 1e-12,
+            "3 ms per row, extended"
+        );
         // Noise that makes rows look free is floored.
         cost.observe(6, 0.031);
         assert!(cost.cost(10) > 0.031 + 4.0 * MIN_SLOPE * 0.031 - 1e-12);

@@ -140,21 +140,63 @@ pub unsafe fn dot<B: Blocks, const R: usize>(
     }
 }
 
-/// One group of 16 interleaved weight rows ([`WeightType::Q8_0R16`], `nb` blocks, see
-/// [`crate::pack`]) against `R` activation rows quantised by [`quantize_row_i8s`]: row `r`'s
+/// One group block of a 16-row interleaved type (see [`crate::pack`]): the 16 rows' scales and
+/// eight registers of four unsigned weights per row, plus how the kernel's starting value follows
+/// from the activations' `−128·Σx`.
+pub trait GroupBlock {
+    /// Bytes of one group block.
+    const BYTES: usize;
+    /// Right shift turning `−128·Σx` into the offset this layout's unsigned weights carry
+    /// (`−128·Σx` for Q8_0's `q + 128`, `−8·Σx` for Q4_0's `q + 8`; exact, it is a multiple of 128).
+    const CORR_SHIFT: i32;
+    /// Chunk `c` of `wv` gets weights `4c..4c+4` of each row, as unsigned bytes.
+    unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]);
+}
+
+impl GroupBlock for Q8_0 {
+    const BYTES: usize = 16 * 34;
+    const CORR_SHIFT: i32 = 0;
+    #[inline(always)]
+    unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(blk.add(32 + 64 * c) as *const __m512i);
+            }
+        }
+    }
+}
+
+impl GroupBlock for Q4_0 {
+    const BYTES: usize = 16 * 18;
+    const CORR_SHIFT: i32 = 4;
+    #[inline(always)]
+    unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            let mask = _mm512_set1_epi8(0x0f);
+            for k in 0..4 {
+                let v = _mm512_loadu_si512(blk.add(32 + 64 * k) as *const __m512i);
+                wv[2 * k] = _mm512_and_si512(v, mask);
+                wv[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+            }
+        }
+    }
+}
+
+/// One group of 16 interleaved weight rows (`nb` blocks of layout `G`, see [`crate::pack`])
+/// against `R` activation rows quantised by [`quantize_row_i8s`]: row `r`'s
 /// quants start at `xq + r·qstride`, its block scales at `xd + r·bstride`, its corrections at
 /// `xc + r·bstride`. Writes row `r`'s 16 outputs to `out + r·ostride`.
 ///
-/// Per block the weight side is one scale conversion and eight 64-byte loads, shared by the tile;
+/// Per block the weight side is one scale conversion and the weight loads (plus, for Q4_0, a mask
+/// and a shift per 64 bytes), shared by the tile;
 /// per row it is eight `vpdpbusd` (four broadcast activation bytes against four weights of each
 /// of the 16 rows), one convert, one scale multiply and one FMA — for 16 outputs. Each output
 /// adds its blocks in order whatever `R`, so results are batch-invariant.
 ///
-/// [`WeightType::Q8_0R16`]: crate::WeightType::Q8_0R16
 /// [`quantize_row_i8s`]: crate::quant::quantize_row_i8s
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
-pub unsafe fn dot_r16<const R: usize>(
+pub unsafe fn dot_r16<G: GroupBlock, const R: usize>(
     w: *const u8,
     nb: usize,
     xq: *const i8,
@@ -169,11 +211,9 @@ pub unsafe fn dot_r16<const R: usize>(
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..nb {
-            let blk = w.add(b * crate::pack::GROUP_BLOCK_BYTES);
+            let blk = w.add(b * G::BYTES);
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-            for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_si512(blk.add(32 + 64 * c) as *const __m512i);
-            }
+            G::load(blk, &mut wv);
             for r in 0..R {
                 let xb = xq.add(r * qstride + 32 * b);
                 macro_rules! x4 {
@@ -183,7 +223,7 @@ pub unsafe fn dot_r16<const R: usize>(
                 }
                 // Two chains of four so that a one-row tile is not bound by `vpdpbusd` latency;
                 // integer adds, so the sum is exact.
-                let mut ip0 = _mm512_set1_epi32(*xc.add(r * bstride + b));
+                let mut ip0 = _mm512_set1_epi32(*xc.add(r * bstride + b) >> G::CORR_SHIFT);
                 let mut ip1 = _mm512_setzero_si512();
                 for c in (0..8).step_by(2) {
                     ip0 = _mm512_dpbusd_epi32(ip0, wv[c], x4!(c));

@@ -52,8 +52,8 @@ pub fn matmul_with(
         return Ok(());
     }
     let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
-    if w.wtype == WeightType::Q8_0R16 {
-        run_r16(isa, w, &I8Acts::new(x, n, w.cols), n, out);
+    if let Some(base) = w.wtype.interleaved_from() {
+        run_r16(isa, base, w, &I8Acts::new(x, n, w.cols), n, out);
         return Ok(());
     }
     let quantised = matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0);
@@ -187,7 +187,7 @@ fn kernel_vnni(
     }
 }
 
-/// Activations for [`WeightType::Q8_0R16`] weights, each row quantised by
+/// Activations for the interleaved weight types, each row quantised by
 /// [`quantize_row_i8s`]: signed quants, one scale and one correction per block.
 struct I8Acts {
     q: Vec<i8>,
@@ -219,10 +219,10 @@ impl I8Acts {
     }
 }
 
-/// [`WeightType::Q8_0R16`] weights: threads split the groups of 16 output columns (plus one item
-/// for the plain Q8_0 tail rows, if any); activation rows are walked in cache-sized blocks and
-/// tiles of up to `TILE`, as in [`run`].
-fn run_r16(isa: Isa, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
+/// Interleaved weights (repacked from `base`): threads split the groups of 16 output columns
+/// (plus one item for the tail rows in ggml layout, if any); activation rows are walked in
+/// cache-sized blocks and tiles of up to `TILE`, as in [`run`].
+fn run_r16(isa: Isa, base: WeightType, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
     let rows = w.rows;
     let groups = rows / GROUP;
     let gbytes = GROUP * w.row_bytes();
@@ -237,7 +237,7 @@ fn run_r16(isa: Isa, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
             for o in groups * GROUP..rows {
                 let wrow = &bytes[o * rb..(o + 1) * rb];
                 for i in 0..n {
-                    let v = scalar::dot_q8_0_i8s(wrow, a.row(i));
+                    let v = scalar::dot_tail_i8s(base, wrow, a.row(i));
                     // SAFETY: tail columns belong to this item only; `i < n`.
                     unsafe { out_ptr.write(i * rows + o, v) };
                 }
@@ -255,7 +255,7 @@ fn run_r16(isa: Isa, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
                     // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+t` < n.
                     let o =
                         unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (t - 1) * rows + GROUP) };
-                    kernel_r16(isa, wg, a, r, t, o, rows);
+                    kernel_r16(isa, base, wg, a, r, t, o, rows);
                     r += t;
                 }
             }
@@ -265,8 +265,10 @@ fn run_r16(isa: Isa, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
 
 /// One group of 16 interleaved weight rows against activation rows `r..r+t`: row `r+i`'s 16
 /// outputs go to `out[i·ostride..i·ostride+16]`.
+#[allow(clippy::too_many_arguments)]
 fn kernel_r16(
     isa: Isa,
+    base: WeightType,
     wg: &[u8],
     a: &I8Acts,
     r: usize,
@@ -285,8 +287,8 @@ fn kernel_r16(
                 a.c.as_ptr().add(r * a.nb),
             );
             macro_rules! go {
-                ($r:literal) => {
-                    avx512::dot_r16::<$r>(
+                ($g:ty, $r:literal) => {
+                    avx512::dot_r16::<$g, $r>(
                         wg.as_ptr(),
                         a.nb,
                         q,
@@ -299,15 +301,24 @@ fn kernel_r16(
                     )
                 };
             }
-            match t {
-                8 => go!(8),
-                7 => go!(7),
-                6 => go!(6),
-                5 => go!(5),
-                4 => go!(4),
-                3 => go!(3),
-                2 => go!(2),
-                _ => go!(1),
+            macro_rules! by_rows {
+                ($g:ty) => {
+                    match t {
+                        8 => go!($g, 8),
+                        7 => go!($g, 7),
+                        6 => go!($g, 6),
+                        5 => go!($g, 5),
+                        4 => go!($g, 4),
+                        3 => go!($g, 3),
+                        2 => go!($g, 2),
+                        _ => go!($g, 1),
+                    }
+                };
+            }
+            if base == WeightType::Q8_0 {
+                by_rows!(avx512::Q8_0)
+            } else {
+                by_rows!(avx512::Q4_0)
             }
         }
         return;
@@ -315,7 +326,7 @@ fn kernel_r16(
     let _ = isa;
     for i in 0..t {
         for j in 0..GROUP {
-            out[i * ostride + j] = scalar::dot_r16(wg, j, a.row(r + i));
+            out[i * ostride + j] = scalar::dot_r16(base, wg, j, a.row(r + i));
         }
     }
 }

@@ -48,37 +48,40 @@ pub fn dot_float(wt: WeightType, w: &[u8], x: &[f32]) -> f32 {
 /// corrections are only needed by the VNNI kernel's unsigned weights).
 pub type I8Row<'a> = (&'a [i8], &'a [f32]);
 
-/// Row `j` of one [`WeightType::Q8_0R16`] group (`g`: the group's bytes) against `x`, with the
-/// VNNI kernel's arithmetic (exact integer block sums, then `acc = fma(sum, dw·dx, acc)` block by
-/// block), so every level gives the same bits.
-pub fn dot_r16(g: &[u8], j: usize, x: I8Row) -> f32 {
+/// Row `j` of one interleaved group (`g`: the group's bytes, repacked from `base`) against `x`,
+/// with the VNNI kernel's arithmetic (exact integer block sums, then `acc = fma(sum, dw·dx, acc)`
+/// block by block), so every level gives the same bits.
+pub fn dot_r16(base: WeightType, g: &[u8], j: usize, x: I8Row) -> f32 {
     let (xq, xd) = x;
     let mut acc = 0f32;
-    for (b, blk) in g.chunks_exact(crate::pack::GROUP_BLOCK_BYTES).enumerate() {
+    let gbb = crate::pack::group_block_bytes(base);
+    for (b, blk) in g.chunks_exact(gbb).enumerate() {
         let dw = half::f16::from_le_bytes([blk[2 * j], blk[2 * j + 1]]).to_f32();
-        let mut isum = 0i32;
-        for c in 0..8 {
-            let w = &blk[32 + 64 * c + 4 * j..32 + 64 * c + 4 * j + 4];
-            for (&w, &q) in w.iter().zip(&xq[32 * b + 4 * c..32 * b + 4 * c + 4]) {
-                isum += (w as i32 - 128) * q as i32;
-            }
-        }
+        let quants = &blk[2 * crate::pack::GROUP..];
+        let isum: i32 = (0..32)
+            .map(|w| crate::pack::r16_quant(base, quants, j, w) * xq[32 * b + w] as i32)
+            .sum();
         acc = (isum as f32).mul_add(dw * xd[b], acc);
     }
     acc
 }
 
-/// A plain Q8_0 row (the tail of a [`WeightType::Q8_0R16`] matrix) with the same arithmetic as
+/// A plain Q8_0 / Q4_0 row (the tail of an interleaved matrix) with the same arithmetic as
 /// [`dot_r16`].
-pub fn dot_q8_0_i8s(w: &[u8], x: I8Row) -> f32 {
+pub fn dot_tail_i8s(base: WeightType, w: &[u8], x: I8Row) -> f32 {
     let (xq, xd) = x;
     let mut acc = 0f32;
-    for (b, blk) in w.chunks_exact(34).enumerate() {
+    let mut wf = [0f32; 32];
+    for (b, blk) in w.chunks_exact(base.block_bytes()).enumerate() {
         let dw = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        let isum: i32 = blk[2..]
+        // The quants as integers: dequantise with a unit scale (exact for these small values).
+        let mut unit = blk.to_vec();
+        unit[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        dequantize(base, &unit, &mut wf);
+        let isum: i32 = wf
             .iter()
             .zip(&xq[32 * b..32 * b + 32])
-            .map(|(&w, &q)| (w as i8 as i32) * q as i32)
+            .map(|(&w, &q)| w as i32 * q as i32)
             .sum();
         acc = (isum as f32).mul_add(dw * xd[b], acc);
     }
