@@ -56,7 +56,7 @@ pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
 
 /// Repacks a Q8_0 or Q4_0 matrix into its 16-row interleaved type (see the module docs).
 pub fn pack(w: &Weight) -> Result<Weight, OpsError> {
-    let (to, fill): (WeightType, fn(&[u8], usize, &mut [u8])) = match w.wtype {
+    let (to, fill): (WeightType, FillRow) = match w.wtype {
         WeightType::Q8_0 => (WeightType::Q8_0R16, fill_q8_0),
         WeightType::Q4_0 => (WeightType::Q4_0R16, fill_q4_0),
         other => {
@@ -89,6 +89,10 @@ pub fn pack(w: &Weight) -> Result<Weight, OpsError> {
     tail.copy_from_slice(&src[groups * gb..]);
     Weight::from_bytes(to, w.rows, w.cols, out)
 }
+
+/// Writes one row's quants of a block (after its scale) into lane `j` of a group block's quant
+/// area.
+type FillRow = fn(&[u8], usize, &mut [u8]);
 
 /// Writes row `j`'s 32 Q8_0 quants `q` into a group block's quant area.
 fn fill_q8_0(q: &[u8], j: usize, quants: &mut [u8]) {
