@@ -157,6 +157,10 @@ pub struct Controller {
     /// The model drafter drafted in the previous round too, so this round's drafting time is
     /// its steady-state cost, not a catch-up over the prompt or over skipped rounds.
     drafter_in_sync: bool,
+    /// Seconds spent in catch-up rounds of a model drafter (the prompt, probes).
+    catch_up_secs: f64,
+    /// Estimated seconds of the plain steps taken while the model drafter was skipped.
+    skipped_secs: f64,
 }
 
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
@@ -178,8 +182,12 @@ pub const MIN_SLOPE: f64 = 0.02;
 /// Skipped rounds before the first probe of a model drafter; doubles after each probe that does
 /// not bring drafting back, up to [`PROBE_MAX`].
 pub const PROBE_FIRST: u32 = 8;
-/// Longest wait between probes: a one-token probe every 128 tokens costs well under 3 %.
+/// Longest wait between probes (counted in skipped rounds).
 pub const PROBE_MAX: u32 = 128;
+/// Most time a skipped model drafter's catch-ups may cost, as a fraction of the plain steps
+/// taken while it was skipped: a probe must first feed the drafter every token it missed, and
+/// with a small target that catch-up, not the probe's verification, is what costs.
+pub const PROBE_BUDGET: f64 = 0.03;
 
 impl Controller {
     /// A controller for drafts of up to `n_max` tokens.
@@ -192,6 +200,8 @@ impl Controller {
             skipped: 0,
             probe_after: PROBE_FIRST,
             drafter_in_sync: false,
+            catch_up_secs: 0.0,
+            skipped_secs: 0.0,
         }
     }
     /// Records that a model drafter took `secs` for a round that produced `tokens` drafts. A
@@ -199,7 +209,11 @@ impl Controller {
     /// process every token it missed, which says nothing about the next round's cost.
     pub fn observe_draft_time(&mut self, secs: f64, tokens: usize) {
         let in_sync = std::mem::replace(&mut self.drafter_in_sync, true);
-        if !in_sync || !secs.is_finite() || secs < 0.0 {
+        if !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        if !in_sync {
+            self.catch_up_secs += secs;
             return;
         }
         let per = secs / tokens.max(1) as f64;
@@ -267,7 +281,7 @@ impl Controller {
     /// round), counting the measured drafting time. Mostly [`Controller::choose`] with that cost;
     /// while it says zero, a one-token probe after [`PROBE_FIRST`], then twice as many, … skipped
     /// rounds keeps the acceptance estimate current — unless drafting could not pay even if
-    /// every token were accepted.
+    /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`].
     pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
         let d = self.draft_secs.unwrap_or(0.0);
         let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
@@ -281,7 +295,9 @@ impl Controller {
             return 0;
         }
         self.skipped += 1;
-        if self.skipped < self.probe_after {
+        self.skipped_secs += cost.cost(1);
+        if self.skipped < self.probe_after || self.catch_up_secs > PROBE_BUDGET * self.skipped_secs
+        {
             return 0;
         }
         self.skipped = 0;
@@ -488,6 +504,24 @@ mod tests {
             .collect();
         // 8, 16, 32, 64, 128, 128: six probes in 400 rounds, growing gaps.
         assert!((4..=8).contains(&probes.len()), "{} probes", probes.len());
+        // Catch-ups that cost more than the budget delay the next probe: here each costs two
+        // plain steps, so a probe needs ~67 skipped steps per catch-up.
+        let mut c2 = Controller::new(8);
+        c2.observe_draft_time(0.001, 1);
+        c2.observe_draft_time(0.001, 1);
+        for _ in 0..30 {
+            c2.observe(4, 0);
+        }
+        let mut n_probes = 0;
+        for _ in 0..400 {
+            if c2.plan(8, 0, &cost) == 1 {
+                n_probes += 1;
+                c2.observe_draft_time(0.020, 1); // catch-up round
+                c2.observe(1, 0);
+            }
+        }
+        assert!((2..=6).contains(&n_probes), "{n_probes} probes");
+        assert!(c2.catch_up_secs <= PROBE_BUDGET * c2.skipped_secs + 0.020 + 1e-9);
         // Once the text turns predictable, probes find it and drafting resumes.
         for _ in 0..10 {
             c.observe(1, 1);
