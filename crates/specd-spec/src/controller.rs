@@ -182,6 +182,9 @@ pub const MIN_SLOPE: f64 = 0.02;
 /// Skipped rounds before the first probe of a model drafter; doubles after each probe that does
 /// not bring drafting back, up to [`PROBE_MAX`].
 pub const PROBE_FIRST: u32 = 8;
+/// How much faster than plain decoding (expected tokens per second) a draft must promise to be
+/// made at all.
+pub const DRAFT_MARGIN: f64 = 1.03;
 /// Longest wait between probes (counted in skipped rounds).
 pub const PROBE_MAX: u32 = 128;
 /// Most time a skipped model drafter's catch-ups may cost, as a fraction of the plain steps
@@ -331,7 +334,10 @@ impl Controller {
                 t += cost.checkpoint.unwrap_or(0.0) + replay;
             }
             let rate = e / t;
-            if rate > best.1 * 1.0001 {
+            // Drafting must beat plain decoding by a margin: at break-even the per-round costs
+            // the model leaves out (sampling every row, bookkeeping) tip it below plain.
+            let margin = if best.0 == 0 { DRAFT_MARGIN } else { 1.0001 };
+            if rate > best.1 * margin {
                 best = (n, rate);
             }
         }
