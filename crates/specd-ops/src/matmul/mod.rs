@@ -21,6 +21,24 @@ use crate::weight::{Weight, WeightType};
 use crate::{Isa, OpsError};
 use rayon::prelude::*;
 
+/// Calls `$go!($ty, R)` with the tile height `$t` (1..=8, [`TILE`]) as a constant, so that each
+/// kernel is compiled for every tile height.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_tile {
+    ($t:expr, $go:ident, $ty:ty) => {
+        match $t {
+            8 => $go!($ty, 8),
+            7 => $go!($ty, 7),
+            6 => $go!($ty, 6),
+            5 => $go!($ty, 5),
+            4 => $go!($ty, 4),
+            3 => $go!($ty, 3),
+            2 => $go!($ty, 2),
+            _ => $go!($ty, 1),
+        }
+    };
+}
+
 /// Activation rows processed per weight load (at most).
 const TILE: usize = 8;
 /// Activation rows kept hot in cache while a chunk of weight rows streams past (prefill).
@@ -165,24 +183,10 @@ fn kernel_vnni(
                 res.copy_from_slice(&v);
             }};
         }
-        macro_rules! by_rows {
-            ($b:ty) => {
-                match rows.len() {
-                    8 => go!($b, 8),
-                    7 => go!($b, 7),
-                    6 => go!($b, 6),
-                    5 => go!($b, 5),
-                    4 => go!($b, 4),
-                    3 => go!($b, 3),
-                    2 => go!($b, 2),
-                    _ => go!($b, 1),
-                }
-            };
-        }
         if wt == WeightType::Q8_0 {
-            by_rows!(avx512::Q8_0)
+            by_tile!(rows.len(), go, avx512::Q8_0)
         } else {
-            by_rows!(avx512::Q4_0)
+            by_tile!(rows.len(), go, avx512::Q4_0)
         }
     }
 }
@@ -301,24 +305,10 @@ fn kernel_r16(
                     )
                 };
             }
-            macro_rules! by_rows {
-                ($g:ty) => {
-                    match t {
-                        8 => go!($g, 8),
-                        7 => go!($g, 7),
-                        6 => go!($g, 6),
-                        5 => go!($g, 5),
-                        4 => go!($g, 4),
-                        3 => go!($g, 3),
-                        2 => go!($g, 2),
-                        _ => go!($g, 1),
-                    }
-                };
-            }
             if base == WeightType::Q8_0 {
-                by_rows!(avx512::Q8_0)
+                by_tile!(t, go, avx512::Q8_0)
             } else {
-                by_rows!(avx512::Q4_0)
+                by_tile!(t, go, avx512::Q4_0)
             }
         }
         return;
