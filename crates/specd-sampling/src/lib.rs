@@ -21,13 +21,16 @@
 //! ```
 //! use specd_sampling::{Sampler, SamplerParams};
 //!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let params = SamplerParams { seed: 1234, ..SamplerParams::default() };
-//! let mut sampler = Sampler::new(params, &[1, 2, 3]).unwrap();
+//! let mut sampler = Sampler::new(params, &[1, 2, 3])?;
 //! let logits = [0.1f32, 2.0, 1.5, -1.0];
 //! let token = sampler.sample(&logits, 3);
 //! // Same position, same state: same token.
 //! assert_eq!(token, sampler.sample(&logits, 3));
-//! sampler.accept(token).unwrap();
+//! sampler.accept(token)?;
+//! # Ok(())
+//! # }
 //! ```
 
 mod chain;
