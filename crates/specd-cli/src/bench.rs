@@ -405,7 +405,14 @@ fn row(
     }
 }
 
-pub fn run(a: BenchArgs) -> Result<()> {
+/// Seed used when `--seed` is not given: every configuration (and every server) then samples
+/// the same text, which the synthetic drafter's reference run and any comparison need.
+pub const DEFAULT_SEED: u32 = 42;
+
+pub fn run(mut a: BenchArgs) -> Result<()> {
+    if a.sampling.seed == u32::MAX {
+        a.sampling.seed = DEFAULT_SEED;
+    }
     if let Some(url) = &a.server {
         return server_load::run(url, &a);
     }

@@ -25,16 +25,42 @@ fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
     Weight::from_bytes(wt, rows, cols, bytes).expect("weight")
 }
 
-/// Decode-shaped pass over a matrix far larger than the caches (the 0.8B model's output
-/// projection), on every thread: one row, so the figure is memory bandwidth as the kernel sees it.
+/// Decode-shaped passes over a matrix far larger than the caches (the 0.8B model's output
+/// projection), on every thread: one row is memory bandwidth as the kernel sees it (next to a
+/// plain read of the same bytes); 2, 4, 8 rows show what a verification batch adds on top.
 fn streaming() {
     let (rows, cols) = (248_320, 1024);
-    let x: Vec<f32> = (0..cols)
-        .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
-        .collect();
-    let mut out = vec![0f32; rows];
     let q = weight(WeightType::Q8_0, rows, cols);
     let p = specd_ops::pack::pack(&q).expect("pack");
+    let best_of = |f: &mut dyn FnMut()| {
+        (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    // The floor: every thread sums its share of the bytes as u64 words.
+    let bytes = q.bytes();
+    let read = best_of(&mut || {
+        use rayon::prelude::*;
+        let s: u64 = bytes
+            .par_chunks(1 << 20)
+            .map(|c| {
+                c.chunks_exact(64)
+                    .map(|l| u64::from_le_bytes(l[..8].try_into().unwrap_or([0; 8])))
+                    .fold(0u64, u64::wrapping_add)
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(s);
+    });
+    println!(
+        "stream {rows}x{cols} plain read: {:.2} ms, {:.1} GB/s ({} threads)",
+        read * 1e3,
+        bytes.len() as f64 / read / 1e9,
+        rayon::current_num_threads()
+    );
     for (w, isa) in [
         (&q, Isa::Avx2),
         (&q, Isa::Avx512Vnni),
@@ -43,25 +69,74 @@ fn streaming() {
         if !Isa::available().contains(&isa) {
             continue;
         }
-        let best = (0..7)
+        let mut line = format!("stream {rows}x{cols} {:13} {isa:?}:", w.wtype.name());
+        let mut base = 0.0;
+        for n in [1usize, 2, 4, 8] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+                .collect();
+            let mut out = vec![0f32; n * rows];
+            let best = best_of(&mut || {
+                matmul_with(isa, &x, n, w, &mut out).expect("matmul");
+            });
+            if n == 1 {
+                base = best;
+                line += &format!(
+                    " n=1 {:.2} ms ({:.1} GB/s)",
+                    best * 1e3,
+                    w.size_bytes() as f64 / best / 1e9
+                );
+            } else {
+                line += &format!("  n={n} {:.2} ms ({:.2}×)", best * 1e3, best / base);
+            }
+        }
+        println!("{line}");
+    }
+}
+
+/// The same bytes as a model's layers hold them: many FFN-sized matrices, each far smaller
+/// than the model, called one after another (each call splits its rows over the threads).
+fn layer_streaming() {
+    let (rows, cols, count) = (3584, 1024, 160);
+    let ws: Vec<Weight> = (0..count)
+        .map(|_| specd_ops::pack::pack(&weight(WeightType::Q8_0, rows, cols)).expect("pack"))
+        .collect();
+    let total: usize = ws.iter().map(|w| w.size_bytes()).sum();
+    let mut line = format!("layers {count}x({rows}x{cols}) q8_0 interleaved:");
+    let mut base = 0.0;
+    for n in [1usize, 2, 4, 8] {
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+            .collect();
+        let mut out = vec![0f32; n * rows];
+        let best = (0..5)
             .map(|_| {
                 let t = Instant::now();
-                matmul_with(isa, &x, 1, w, &mut out).expect("matmul");
+                for w in &ws {
+                    matmul_with(Isa::Avx512Vnni, &x, n, w, &mut out).expect("matmul");
+                }
                 t.elapsed().as_secs_f64()
             })
             .fold(f64::INFINITY, f64::min);
-        println!(
-            "stream {rows}x{cols} {:13} {isa:?}: {:.2} ms, {:.1} GB/s ({} threads)",
-            w.wtype.name(),
-            best * 1e3,
-            w.size_bytes() as f64 / best / 1e9,
-            rayon::current_num_threads()
-        );
+        if n == 1 {
+            base = best;
+            line += &format!(
+                " n=1 {:.2} ms ({:.1} GB/s)",
+                best * 1e3,
+                total as f64 / best / 1e9
+            );
+        } else {
+            line += &format!("  n={n} {:.2} ms ({:.2}×)", best * 1e3, best / base);
+        }
     }
+    println!("{line}");
 }
 
 fn main() {
     streaming();
+    if Isa::available().contains(&Isa::Avx512Vnni) {
+        layer_streaming();
+    }
     let (rows, cols) = (3584, 1024);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)

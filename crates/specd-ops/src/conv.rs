@@ -1,6 +1,6 @@
 //! Causal depthwise 1-D convolution followed by SiLU (the Gated DeltaNet input conv).
 
-use crate::activation::silu;
+use crate::activation::silu_inplace;
 
 /// `state`: the last `k−1` inputs, `(k−1) × c` with row 0 the oldest; `w`: `c × k` (tap `k−1`
 /// multiplies the current input); `x`: `T × c`. Writes `out` (`T × c`, after SiLU) and
@@ -24,19 +24,30 @@ pub fn causal_conv_silu(
             &x[(i - hist) * c..(i - hist + 1) * c]
         }
     };
-    for t in 0..t_len {
-        let o = &mut out[t * c..(t + 1) * c];
-        o.fill(0.0);
+    // Channels in chunks whose weights are first transposed tap-major, so that the inner loop
+    // runs over contiguous channels (the weights are channel-major, stride `k`, which kept it
+    // scalar). Per output the sum is still 0 + w₀x₀ + w₁x₁ + … in tap order.
+    const CH: usize = 64;
+    let mut wt = vec![0f32; k * CH];
+    for c0 in (0..c).step_by(CH) {
+        let m = CH.min(c - c0);
         for tau in 0..k {
-            let xr = row(t + tau);
-            for ch in 0..c {
-                o[ch] += w[ch * k + tau] * xr[ch];
+            for j in 0..m {
+                wt[tau * CH + j] = w[(c0 + j) * k + tau];
             }
         }
-        for v in o.iter_mut() {
-            *v = silu(*v);
+        for t in 0..t_len {
+            let o = &mut out[t * c + c0..t * c + c0 + m];
+            o.fill(0.0);
+            for tau in 0..k {
+                let xr = &row(t + tau)[c0..c0 + m];
+                for ((o, &wv), &xv) in o.iter_mut().zip(&wt[tau * CH..tau * CH + m]).zip(xr) {
+                    *o += wv * xv;
+                }
+            }
         }
     }
+    silu_inplace(&mut out[..t_len * c]);
     window(state, x, hist, c, t_len, state_out);
 }
 

@@ -26,7 +26,7 @@ pub mod rope;
 pub mod vec;
 pub mod weight;
 
-pub use matmul::{matmul, matmul_with};
+pub use matmul::{matmul, matmul_many, matmul_with};
 pub use weight::{ByteSource, Weight, WeightType};
 
 /// Errors raised by kernels on inconsistent shapes or unsupported weight types.

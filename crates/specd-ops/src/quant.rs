@@ -71,6 +71,19 @@ pub fn quantize_row_u8(x: &[f32], qs: &mut [u8], scales: &mut [f32]) {
 /// kernel's starting value, which cancels the +128 the repacked weights carry (see
 /// [`crate::pack`]).
 pub fn quantize_row_i8s(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa() >= crate::Isa::Avx512Vnni {
+        let nb = x.len() / 32;
+        assert!(qs.len() >= nb * 32 && d.len() >= nb && corr.len() >= nb);
+        // SAFETY: AVX-512 detected; lengths asserted above.
+        unsafe { quantize_row_i8s_avx512(x, qs, d, corr) };
+        return;
+    }
+    quantize_row_i8s_scalar(x, qs, d, corr);
+}
+
+/// Portable body of [`quantize_row_i8s`] (and the reference its AVX-512 body must match).
+fn quantize_row_i8s_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32]) {
     let mut t = [0i8; 32];
     for ((xs, q), (d, c)) in x
         .chunks_exact(32)
@@ -83,9 +96,91 @@ pub fn quantize_row_i8s(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32
     }
 }
 
+/// AVX-512 body of [`quantize_row_i8s`], bit-identical to [`quantize_block`]: the activations
+/// are quantised once per matmul on one thread, so for a verification batch of a few rows the
+/// scalar loop (~2 ns per value) was a serial cost comparable to a matmul's extra rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c")]
+unsafe fn quantize_row_i8s_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32]) {
+    use std::arch::x86_64::*;
+    unsafe {
+        let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+        let sign_mask = _mm512_set1_epi32(i32::MIN);
+        let one = _mm512_set1_ps(1.0);
+        let half = _mm512_set1_ps(0.5);
+        for (b, xs) in x.chunks_exact(32).enumerate() {
+            let v = [
+                _mm512_loadu_ps(xs.as_ptr()),
+                _mm512_loadu_ps(xs.as_ptr().add(16)),
+            ];
+            // max(|v|, m) returns m for a NaN |v|, as `f32::max` does.
+            let mut m = _mm512_setzero_ps();
+            for vv in v {
+                let a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(vv), abs_mask));
+                m = _mm512_max_ps(a, m);
+            }
+            let amax = _mm512_reduce_max_ps(m);
+            let dd = amax / 127.0;
+            let id = _mm512_set1_ps(if dd != 0.0 { 1.0 / dd } else { 0.0 });
+            let mut sum = _mm512_setzero_si512();
+            for (h, vv) in v.into_iter().enumerate() {
+                let r = _mm512_mul_ps(vv, id);
+                // `(r as i32) as f32`, NaN → 0 (the conversion instruction would give i32::MIN).
+                let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+                let t = _mm512_maskz_mov_ps(ordered, _mm512_cvtepi32_ps(_mm512_cvttps_epi32(r)));
+                let frac = _mm512_castsi512_ps(_mm512_and_si512(
+                    _mm512_castps_si512(_mm512_sub_ps(r, t)),
+                    abs_mask,
+                ));
+                let round_up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+                let signed_one = _mm512_castsi512_ps(_mm512_or_si512(
+                    _mm512_and_si512(_mm512_castps_si512(r), sign_mask),
+                    _mm512_castps_si512(one),
+                ));
+                let q = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, round_up, t, signed_one));
+                sum = _mm512_add_epi32(sum, q);
+                _mm_storeu_si128(
+                    qs.as_mut_ptr().add(32 * b + 16 * h) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(q),
+                );
+            }
+            d[b] = half::f16::from_f32(dd).to_f32();
+            corr[b] = -128 * _mm512_reduce_add_epi32(sum);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn i8s_levels_agree_bit_for_bit() {
+        let mut s = 7u32;
+        let mut x = vec![0f32; 32 * 64];
+        for (i, v) in x.iter_mut().enumerate() {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            let u = (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
+            // Blocks of every scale, exact halves, zero blocks and non-finite values.
+            *v = match i / 32 % 8 {
+                0 => 0.0,
+                1 => u * 1e-30,
+                2 => (u * 254.0).round() * 0.5,
+                3 if i % 32 == 5 => f32::NAN,
+                4 if i % 32 == 9 => f32::INFINITY,
+                _ => u * 10f32.powi((i / 32 % 7) as i32 - 3),
+            };
+        }
+        let nb = x.len() / 32;
+        let (mut q0, mut d0, mut c0) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+        let (mut q1, mut d1, mut c1) = (q0.clone(), d0.clone(), c0.clone());
+        quantize_row_i8s_scalar(&x, &mut q0, &mut d0, &mut c0);
+        quantize_row_i8s(&x, &mut q1, &mut d1, &mut c1);
+        assert_eq!(q0, q1);
+        assert_eq!(c0, c1);
+        let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&d0), bits(&d1));
+    }
 
     #[test]
     fn rounding_matches_roundf() {

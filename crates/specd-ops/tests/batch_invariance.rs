@@ -286,3 +286,56 @@ fn delta_rule_batch_equals_token_by_token() {
     }
     assert_eq!(s, s_batch);
 }
+
+#[test]
+fn matmul_many_equals_one_matmul_per_matrix() {
+    // Several matrices reading one input, as a layer's projections do: interleaved Q8_0 and
+    // Q4_0 (with and without ggml-layout tails) fused into one region, and a set with an
+    // un-interleaved matrix, which takes the one-call-per-matrix path.
+    let cols = 160;
+    let mut r = lcg(99);
+    let mut make = |base: WeightType, rows: usize, pack: bool| {
+        let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+        let bytes = match base {
+            WeightType::Q8_0 => quantize_q8_0(&data),
+            _ => quantize_q4_0(&data),
+        };
+        let q = Weight::from_bytes(base, rows, cols, bytes).unwrap();
+        if pack {
+            specd_ops::pack::pack(&q).unwrap()
+        } else {
+            q
+        }
+    };
+    let fused = vec![
+        make(WeightType::Q8_0, 48, true),
+        make(WeightType::Q4_0, 23, true),
+        make(WeightType::Q8_0, 16, true),
+        make(WeightType::Q8_0, 5, true),
+    ];
+    let mixed = vec![
+        make(WeightType::Q8_0, 32, true),
+        make(WeightType::Q4_0, 19, false),
+    ];
+    for ws in [fused, mixed] {
+        for n in [1, 3, 11] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            let mut many: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; n * w.rows]).collect();
+            let mut outs: Vec<&mut [f32]> = many.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let refs: Vec<&Weight> = ws.iter().collect();
+            specd_ops::matmul_many(&x, n, &refs, &mut outs).unwrap();
+            for (w, got) in ws.iter().zip(&many) {
+                let mut one = vec![0f32; n * w.rows];
+                specd_ops::matmul(&x, n, w, &mut one).unwrap();
+                assert_eq!(&one, got, "{:?} {}x{} n={n}", w.wtype, w.rows, w.cols);
+            }
+        }
+    }
+    // Mismatched outputs are an error, not a panic.
+    let w = make(WeightType::Q8_0, 16, true);
+    let mut o = vec![0f32; 3];
+    assert!(specd_ops::matmul_many(&[0.0; 160], 1, &[&w], &mut [&mut o]).is_err());
+    assert!(specd_ops::matmul_many(&[0.0; 160], 1, &[&w, &w], &mut [&mut o]).is_err());
+}

@@ -24,10 +24,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Seed sent when `--seed` is not given: the requests (and so the outputs) stay the same from
-/// run to run and from server to server.
-const DEFAULT_SEED: u32 = 42;
-
 /// Runs the load test described by the `--server` flags of `a`.
 pub fn run(url: &str, a: &BenchArgs) -> Result<()> {
     if a.concurrency == 0 {
@@ -42,11 +38,9 @@ pub fn run(url: &str, a: &BenchArgs) -> Result<()> {
     let opts = RequestOptions {
         max_tokens: a.n_gen,
         temperature: a.sampling.temp,
-        seed: if a.sampling.seed == u32::MAX {
-            DEFAULT_SEED
-        } else {
-            a.sampling.seed
-        },
+        // `bench::run` has replaced "random" by a fixed seed, so the requests (and so the
+        // outputs) stay the same from run to run and from server to server.
+        seed: a.sampling.seed,
         stream: a.stream,
         ignore_eos: a.ignore_eos,
         timeout: Duration::from_secs(a.timeout.max(1)),

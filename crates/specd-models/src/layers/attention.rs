@@ -9,7 +9,7 @@ use specd_ops::activation::sigmoid;
 use specd_ops::attention::{attention, AttnShape};
 use specd_ops::norm::rms_norm_inplace;
 use specd_ops::rope::Rope;
-use specd_ops::{matmul, Weight};
+use specd_ops::{matmul, matmul_many, Weight};
 
 /// Weights of one attention layer.
 pub struct Attention {
@@ -81,9 +81,12 @@ impl Attention {
         let mut qg = vec![0f32; n * self.q.rows];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
-        matmul(a, n, &self.q, &mut qg)?;
-        matmul(a, n, &self.k, &mut k)?;
-        matmul(a, n, &self.v, &mut v)?;
+        matmul_many(
+            a,
+            n,
+            &[&self.q, &self.k, &self.v],
+            &mut [&mut qg, &mut k, &mut v],
+        )?;
         // Split query and gate (interleaved per head in the gated form).
         let (mut q, gate) = if self.gated {
             let mut q = vec![0f32; n * qd];

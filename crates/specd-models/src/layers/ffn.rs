@@ -3,7 +3,7 @@
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_ops::activation::swiglu_inplace;
-use specd_ops::{matmul, Weight};
+use specd_ops::{matmul, matmul_many, Weight};
 
 /// FFN weights of one block.
 pub struct Ffn {
@@ -26,8 +26,7 @@ impl Ffn {
     pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let mut g = vec![0f32; n * self.gate.rows];
         let mut u = vec![0f32; n * self.up.rows];
-        matmul(x, n, &self.gate, &mut g)?;
-        matmul(x, n, &self.up, &mut u)?;
+        matmul_many(x, n, &[&self.gate, &self.up], &mut [&mut g, &mut u])?;
         swiglu_inplace(&mut g, &u);
         let mut out = vec![0f32; n * self.down.rows];
         matmul(&g, n, &self.down, &mut out)?;

@@ -7,10 +7,10 @@ use crate::config::SsmConfig;
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_memory::Memory;
-use specd_ops::activation::silu;
+use specd_ops::activation::mul_silu_inplace;
 use specd_ops::delta_net::{GdnGates, GdnShape};
 use specd_ops::norm::rms_norm_inplace;
-use specd_ops::{matmul, Weight};
+use specd_ops::{matmul, matmul_many, Weight};
 
 /// Weights of one Gated DeltaNet layer.
 pub struct GatedDeltaNet {
@@ -80,10 +80,12 @@ impl GatedDeltaNet {
         let mut z = vec![0f32; n * inner];
         let mut b = vec![0f32; n * nv];
         let mut al = vec![0f32; n * nv];
-        matmul(a, n, &self.qkv, &mut mixed)?;
-        matmul(a, n, &self.gate, &mut z)?;
-        matmul(a, n, &self.beta, &mut b)?;
-        matmul(a, n, &self.alpha, &mut al)?;
+        matmul_many(
+            a,
+            n,
+            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
+            &mut [&mut mixed, &mut z, &mut b, &mut al],
+        )?;
         let gates = GdnGates {
             dt_bias: &self.dt_bias,
             a: &self.a,
@@ -100,12 +102,10 @@ impl GatedDeltaNet {
             scatter(&o, inner, &g.rows, &mut y);
         }
         // Gated RMSNorm per value head: rms(o_j; w) ⊙ silu(z_j).
-        for (yh, zh) in y.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+        for yh in y.chunks_exact_mut(dv) {
             rms_norm_inplace(yh, &self.norm, self.eps);
-            for (v, &zv) in yh.iter_mut().zip(zh) {
-                *v *= silu(zv);
-            }
         }
+        mul_silu_inplace(&mut y, &z);
         let mut out = vec![0f32; n * self.out.rows];
         matmul(&y, n, &self.out, &mut out)?;
         Ok(out)

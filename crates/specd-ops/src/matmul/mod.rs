@@ -51,6 +51,51 @@ pub fn matmul(x: &[f32], n: usize, w: &Weight, out: &mut [f32]) -> Result<(), Op
     matmul_with(crate::isa(), x, n, w, out)
 }
 
+/// `outs[i] = x · ws[i]ᵀ` for matrices that read the same input (a layer's Q/K/V, gate/up, …):
+/// same results as one [`matmul`] per matrix, but on the interleaved layouts the activations are
+/// quantised once and every matrix is computed in one parallel region, so the threads are handed
+/// work once instead of once per matrix (each hand-off can cost a thread wake-up).
+pub fn matmul_many(
+    x: &[f32],
+    n: usize,
+    ws: &[&Weight],
+    outs: &mut [&mut [f32]],
+) -> Result<(), OpsError> {
+    let isa = crate::isa();
+    let cols = ws.first().map_or(0, |w| w.cols);
+    let fused = isa == Isa::Avx512Vnni
+        && ws
+            .iter()
+            .all(|w| w.wtype.interleaved_from().is_some() && w.cols == cols);
+    if !fused || ws.len() != outs.len() || n == 0 {
+        if ws.len() != outs.len() {
+            return Err(OpsError::Shape {
+                op: "matmul_many",
+                detail: format!("{} weights, {} outputs", ws.len(), outs.len()),
+            });
+        }
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            matmul_with(isa, x, n, w, out)?;
+        }
+        return Ok(());
+    }
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        if x.len() != n * w.cols || out.len() != n * w.rows {
+            return Err(OpsError::Shape {
+                op: "matmul_many",
+                detail: format!("x {} (n={n}), weight {:?}, out {}", x.len(), w, out.len()),
+            });
+        }
+    }
+    let targets: Vec<(&Weight, SyncPtr<f32>)> = ws
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(w, o)| (*w, SyncPtr(o.as_mut_ptr())))
+        .collect();
+    run_r16(isa, &targets, &I8Acts::new(x, n, cols), n);
+    Ok(())
+}
+
 /// [`matmul`] on an explicit kernel level (for tests that compare levels; a level above what the
 /// CPU supports falls back to the best supported one).
 pub fn matmul_with(
@@ -70,8 +115,9 @@ pub fn matmul_with(
         return Ok(());
     }
     let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
-    if let Some(base) = w.wtype.interleaved_from() {
-        run_r16(isa, base, w, &I8Acts::new(x, n, w.cols), n, out);
+    if w.wtype.interleaved_from().is_some() {
+        let targets = [(w, SyncPtr(out.as_mut_ptr()))];
+        run_r16(isa, &targets, &I8Acts::new(x, n, w.cols), n);
         return Ok(());
     }
     let quantised = matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0);
@@ -223,19 +269,30 @@ impl I8Acts {
     }
 }
 
-/// Interleaved weights (repacked from `base`): threads split the groups of 16 output columns
-/// (plus one item for the tail rows in ggml layout, if any); activation rows are walked in
-/// cache-sized blocks and tiles of up to `TILE`, as in [`run`].
-fn run_r16(isa: Isa, base: WeightType, w: &Weight, a: &I8Acts, n: usize, out: &mut [f32]) {
-    let rows = w.rows;
-    let groups = rows / GROUP;
-    let gbytes = GROUP * w.row_bytes();
-    let bytes = w.bytes();
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-    let chunk = chunk_len(groups, 1, 1);
-    let n_chunks = groups.div_ceil(chunk);
-    let tail = usize::from(groups * GROUP < rows);
-    (0..n_chunks + tail).into_par_iter().for_each(|c| {
+/// Interleaved weights: threads split each matrix's groups of 16 output columns (plus one item
+/// per matrix for the tail rows in ggml layout, if any) — all matrices' items in one parallel
+/// region; activation rows are walked in cache-sized blocks and tiles of up to `TILE`, as in
+/// [`run`]. `targets`: each matrix with its `n × rows` output (shapes checked by the caller).
+fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) {
+    // (matrix, chunk of groups; the chunk past the last is the tail item)
+    let mut items = Vec::new();
+    let mut chunks = Vec::with_capacity(targets.len());
+    for (ti, (w, _)) in targets.iter().enumerate() {
+        let groups = w.rows / GROUP;
+        let chunk = chunk_len(groups, 1, 1);
+        let n_chunks = groups.div_ceil(chunk);
+        let tail = usize::from(groups * GROUP < w.rows);
+        items.extend((0..n_chunks + tail).map(|c| (ti, c)));
+        chunks.push((chunk, n_chunks));
+    }
+    items.into_par_iter().for_each(|(ti, c)| {
+        let (w, out_ptr) = (targets[ti].0, targets[ti].1);
+        let (chunk, n_chunks) = chunks[ti];
+        let base = w.wtype.interleaved_from().unwrap_or(WeightType::Q8_0);
+        let rows = w.rows;
+        let groups = rows / GROUP;
+        let gbytes = GROUP * w.row_bytes();
+        let bytes = w.bytes();
         if c == n_chunks {
             let rb = w.row_bytes();
             for o in groups * GROUP..rows {
