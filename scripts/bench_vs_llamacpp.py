@@ -6,8 +6,9 @@
 2. Speculation at controlled acceptance: both servers are started with the *same* llama-server
    command line (`specd serve` takes llama-server's flags) — plain, and `--spec-type ngram-mod`
    with `--spec-synth-rates` P_i = a^(i+1) (per-token acceptance a, draft length n) — and each gets
-   the same greedy /completion request. The figure is `timings.predicted_per_second`; the speedup
-   is over the same engine's plain run, measured again right before each row. specd's synthetic
+   the same greedy /completion request. The figure is `timings.predicted_per_second`; requests go
+   round-robin to plain and speculative servers (`--reps` rounds per row) and each speedup is the
+   median over rounds of speculative / plain of the same round. specd's synthetic
    drafter drafts the true continuation corrupted so position i is accepted with probability P_i
    (its output stays the plain output);
    llama.cpp's flips a coin per drafted token. specd runs with `--spec-rollback fast` (default)
@@ -34,36 +35,38 @@ def post(port, path, body, timeout=600):
         return json.loads(r.read())
 
 
-def run_server(binary, args, n_gen, reps):
-    """Starts a server (`binary`: the command, a list), sends `reps` identical greedy requests,
-    returns the timings of the fastest."""
-    port = free_port()
-    cmd = binary + args + ["--port", str(port), "--host", "127.0.0.1"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    atexit.register(p.kill)
-    try:
+class Server:
+    """A running server (`binary`: the command, a list) answering greedy /completion requests."""
+
+    def __init__(self, binary, args):
+        self.port = free_port()
+        cmd = binary + args + ["--port", str(self.port), "--host", "127.0.0.1"]
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        atexit.register(self.p.kill)
         for _ in range(600):
-            if p.poll() is not None:
+            if self.p.poll() is not None:
                 raise RuntimeError(f"server exited: {' '.join(cmd)}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
-                        break
+                        return
             except Exception:
                 time.sleep(0.5)
-        else:
-            raise RuntimeError(f"server did not start: {' '.join(cmd)}")
-        best = None
-        for _ in range(reps):
-            r = post(port, "/completion", {"prompt": PROMPT, "n_predict": n_gen, "temperature": 0,
-                                           "ignore_eos": True, "cache_prompt": False, "seed": 1})
-            t = r["timings"]
-            if best is None or t["predicted_per_second"] > best["predicted_per_second"]:
-                best = t
-        return best
-    finally:
-        p.kill()
-        p.wait()
+        raise RuntimeError(f"server did not start: {' '.join(cmd)}")
+
+    def timings(self, n_gen):
+        r = post(self.port, "/completion", {"prompt": PROMPT, "n_predict": n_gen, "temperature": 0,
+                                            "ignore_eos": True, "cache_prompt": False, "seed": 1})
+        return r["timings"], r
+
+    def close(self):
+        self.p.kill()
+        self.p.wait()
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
 def main():
@@ -101,13 +104,16 @@ def main():
     engines = {"llama.cpp": ([f"{a.llama_bin}/llama-server"], []),
                "specd fast": ([a.specd, "serve"], ["--spec-rollback", "fast"]),
                "specd checkpoint": ([a.specd, "serve"], ["--spec-rollback", "checkpoint"])}
-    plain = {}
-    for name, (binary, extra) in engines.items():
-        if name == "specd checkpoint":
-            plain[name] = plain["specd fast"]
-            continue
-        plain[name] = run_server(binary, base + extra, a.n_gen, a.reps)["predicted_per_second"]
-    out["plain"] = plain
+    # Plain servers stay up for the whole run; each row starts its speculative servers and then
+    # sends requests round-robin — plain llama.cpp, speculative llama.cpp, plain specd, each
+    # speculative specd — `reps` times. Every speedup is the median over rounds of (speculative
+    # / plain of the same round): this host's speed drifts in bursts of tens of percent, and
+    # only a plain figure taken seconds before the speculative one, paired round by round,
+    # keeps rows that do exactly plain's work at 1.0x.
+    plain_srv = {"llama.cpp": Server(*engines["llama.cpp"][:1], base),
+                 "specd": Server(engines["specd fast"][0], base)}
+    plain_of = {"llama.cpp": "llama.cpp", "specd fast": "specd", "specd checkpoint": "specd"}
+    plain_all = {k: [] for k in plain_srv}
     rows = []
     print("\n| per-token acceptance | n-max | " + " | ".join(f"{e} tok/s (speedup)" for e in engines) + " | specd acc. len |")
     print("|---|---|" + "---|" * len(engines) + "---|")
@@ -117,27 +123,47 @@ def main():
             rates = ",".join(f"{rate ** (i + 1) if i < n else 0.0:.6f}" for i in range(64))
             spec = ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(n), "--spec-draft-n-min", "0",
                     "--spec-synth-rates", rates]
+            srv = {name: Server(binary, base + extra + spec) for name, (binary, extra) in engines.items()}
+            tps = {name: [] for name in engines}
+            ptps = {name: [] for name in plain_srv}
+            ratio = {name: [] for name in engines}
+            acc = []
+            last = {}
+            try:
+                for _ in range(a.reps):
+                    for pname in plain_srv:
+                        ptps[pname].append(plain_srv[pname].timings(a.n_gen)[0]["predicted_per_second"])
+                        for name in engines:
+                            if plain_of[name] != pname:
+                                continue
+                            t, resp = srv[name].timings(a.n_gen)
+                            tps[name].append(t["predicted_per_second"])
+                            ratio[name].append(t["predicted_per_second"] / ptps[pname][-1])
+                            last[name] = t
+                            if name == "specd fast":
+                                al = (resp.get("speculative") or t.get("speculative") or {}).get("acceptance_length")
+                                if al is not None:
+                                    acc.append(al)
+            finally:
+                for x in srv.values():
+                    x.close()
+            for pname, v in ptps.items():
+                plain_all[pname].extend(v)
             row = {"rate": rate, "n_max": n}
             cells = []
-            acc_len = None
-            row_plain = {}
-            for name, (binary, extra) in engines.items():
-                # Plain decoding is measured again next to each row (and the row's speedups are
-                # over that): this host's speed drifts in bursts, and a plain figure taken minutes
-                # earlier made rows that drafted nothing read 0.75x or 1.3x.
-                if name == "specd checkpoint":
-                    row_plain[name] = row_plain["specd fast"]
-                else:
-                    row_plain[name] = run_server(binary, base + extra, a.n_gen, a.reps)["predicted_per_second"]
-                t = run_server(binary, base + extra + spec, a.n_gen, a.reps)
-                tps = t["predicted_per_second"]
-                row[name] = {"tok_s": tps, "plain_tok_s": row_plain[name], "speedup": tps / row_plain[name],
-                             "draft_n": t.get("draft_n"), "draft_n_accepted": t.get("draft_n_accepted")}
-                if name == "specd fast":
-                    acc_len = (t.get("speculative") or {}).get("acceptance_length")
-                cells.append(f"{tps:.2f} ({tps / row_plain[name]:.2f}×)")
+            for name in engines:
+                row[name] = {"tok_s": median(tps[name]), "plain_tok_s": median(ptps[plain_of[name]]),
+                             "speedup": median(ratio[name]), "speedups": ratio[name],
+                             "draft_n": last[name].get("draft_n"),
+                             "draft_n_accepted": last[name].get("draft_n_accepted")}
+                cells.append(f"{row[name]['tok_s']:.2f} ({row[name]['speedup']:.2f}×)")
+            acc_len = median(acc) if acc else None
             rows.append(row)
             print(f"| {rate} | {n} | " + " | ".join(cells) + f" | {acc_len if acc_len is None else round(acc_len, 2)} |", flush=True)
+    for x in plain_srv.values():
+        x.close()
+    plain = {k: median(v) for k, v in plain_all.items()}
+    out["plain"] = plain
     out["synthetic"] = rows
     print("\nplain tok/s: " + ", ".join(f"{k} {v:.2f}" for k, v in plain.items()))
     if a.json:
