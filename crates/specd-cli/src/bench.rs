@@ -78,7 +78,8 @@ pub struct BenchArgs {
     #[arg(long = "max-prompts", default_value_t = 12)]
     pub max_prompts: usize,
     /// Rounds in "spec" / "synth" mode: each round runs plain and every configuration once per
-    /// workload, and each cell reports its fastest round (one run's timing is mostly the host's
+    /// workload; each cell reports its fastest round's tok/s and, as its speedup, the median over
+    /// rounds of its tok/s over that round's plain tok/s (one run's timing is mostly the host's
     /// noise on small models and shared machines).
     #[arg(long = "spec-reps", default_value_t = 1)]
     pub spec_reps: usize,
@@ -524,11 +525,14 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 .iter()
                 .filter(|c| c.3.is_none() || is_synth_w)
                 .collect();
-            // Round-robin: plain and every configuration once per round, the fastest round of
-            // each kept. On a shared host load comes in bursts; running one cell's repetitions
-            // back to back let a burst land on a single cell and distort its speedup.
+            // Round-robin: plain and every configuration once per round; each cell keeps its
+            // fastest round (tok/s) and its speedup is the median over rounds of its tok/s over
+            // the same round's plain tok/s. On a shared host load comes in bursts; running one
+            // cell's repetitions back to back let a burst land on a single cell, and comparing
+            // best with best let one lucky plain round decide every cell's speedup.
             let mut plain: Option<RunResult> = None;
             let mut best: Vec<Option<RunResult>> = cells.iter().map(|_| None).collect();
+            let mut ratios: Vec<Vec<f64>> = cells.iter().map(|_| Vec::new()).collect();
             for _ in 0..reps {
                 let r = run_workload(
                     &model,
@@ -539,10 +543,12 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                     None,
                     &mut refs,
                 )?;
+                let round_plain = r.tok_s();
                 keep_fastest(&mut plain, r);
                 pb.inc(1);
-                for ((_, p, rb, _), slot) in cells.iter().zip(&mut best) {
+                for (((_, p, rb, _), slot), ratio) in cells.iter().zip(&mut best).zip(&mut ratios) {
                     let r = run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?;
+                    ratio.push(r.tok_s() / round_plain.max(1e-9));
                     keep_fastest(slot, r);
                     pb.inc(1);
                 }
@@ -564,9 +570,12 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             if modes.contains(&"synth") && is_synth_w {
                 rep.synth.push(plain_row);
             }
-            for ((name, p, rb, rate), r) in cells.iter().zip(best) {
+            for (((name, p, rb, rate), r), ratio) in cells.iter().zip(best).zip(ratios) {
                 let Some(r) = r else { continue };
-                let rr = row(&w.id, name, *rb, p.n_max, *rate, &r, plain_tok_s);
+                let mut rr = row(&w.id, name, *rb, p.n_max, *rate, &r, plain_tok_s);
+                if !ratio.is_empty() {
+                    rr.speedup = median(ratio);
+                }
                 if rate.is_some() {
                     rep.synth.push(rr);
                 } else {
