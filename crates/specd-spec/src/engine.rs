@@ -138,6 +138,20 @@ struct GenSeq {
     forced_round: bool,
 }
 
+impl GenSeq {
+    /// Passes the prompt to the drafters (a draft model processes it now, as prompt work) and
+    /// returns the seconds that took. A failure is not the sequence's: the drafter catches up
+    /// in its first draft call instead (and reports any error there).
+    fn prefill_drafters(&mut self) -> f64 {
+        if self.chain.is_empty() || !self.req.spec.enabled() {
+            return 0.0;
+        }
+        let t0 = Instant::now();
+        let _ = self.chain.prefill(&self.tokens[..self.tokens.len() - 1]);
+        t0.elapsed().as_secs_f64()
+    }
+}
+
 /// One sequence's part of a step's verification batch.
 struct Planned {
     id: SeqId,
@@ -420,7 +434,7 @@ impl Engine {
                     for id in &new {
                         if let Some(s) = self.seqs.get_mut(id) {
                             s.prefilled = true;
-                            s.prompt_secs = secs;
+                            s.prompt_secs = secs + s.prefill_drafters();
                         }
                         self.checkpoint_prompt(*id);
                     }
@@ -448,7 +462,8 @@ impl Engine {
                             Ok(()) => {
                                 if let Some(s) = self.seqs.get_mut(&id) {
                                     s.prefilled = true;
-                                    s.prompt_secs = t0.elapsed().as_secs_f64();
+                                    s.prompt_secs =
+                                        t0.elapsed().as_secs_f64() + s.prefill_drafters();
                                 }
                                 self.checkpoint_prompt(id);
                             }

@@ -130,6 +130,16 @@ impl Drafter for DraftModel {
         }
         Ok(drafts)
     }
+    fn prefill(&mut self, tokens: &[u32]) -> Result<(), SpecError> {
+        // Only into an empty memory (a fresh sequence); `draft` catches up from whatever was fed.
+        if !self.fed.is_empty() || tokens.is_empty() || tokens.len() > self.mem.config().n_ctx {
+            return Ok(());
+        }
+        self.model
+            .decode(&mut self.mem, &Batch::from_tokens(tokens, 0, SEQ, false))?;
+        self.fed.extend_from_slice(tokens);
+        Ok(())
+    }
     fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
         take_probs(self.sampling.as_mut())
     }

@@ -120,6 +120,14 @@ pub trait Drafter: Send {
     fn draft(&mut self, tokens: &[u32], n_max: usize) -> Result<Vec<u32>, SpecError>;
     /// After verification: `drafted` tokens were verified, the first `accepted` matched.
     fn feedback(&mut self, _drafted: usize, _accepted: usize) {}
+    /// Called with the prompt (all but its last token) while the target processes it, so that
+    /// a drafter running a model processes the prompt as prompt work — batched with it and
+    /// timed with it — instead of in its first draft call, where a draft model's prompt
+    /// catch-up cost a short request a few percent of its generation speed even when the
+    /// controller then never used a draft.
+    fn prefill(&mut self, _tokens: &[u32]) -> Result<(), SpecError> {
+        Ok(())
+    }
     /// True if drafting costs no model time (n-gram tables): the controller may then draft "in
     /// the shadow" of a plain step to keep measuring acceptance at no cost.
     fn is_cheap(&self) -> bool {
@@ -183,6 +191,13 @@ impl Chain {
         if let Some(i) = self.last {
             self.drafters[i].feedback(drafted, accepted);
         }
+    }
+    /// Passes the prompt to every drafter (see [`Drafter::prefill`]).
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<(), SpecError> {
+        for d in &mut self.drafters {
+            d.prefill(tokens)?;
+        }
+        Ok(())
     }
     /// True if every drafter is cheap.
     pub fn is_cheap(&self) -> bool {
