@@ -25,6 +25,51 @@ fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
     Weight::from_bytes(wt, rows, cols, bytes).expect("weight")
 }
 
+/// Fastest of `reps` timings of `f`, in seconds.
+fn best_of(reps: usize, f: &mut dyn FnMut()) -> f64 {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// A timed call: `(rows n, activations x, output out)`.
+type WidthRun<'a> = &'a mut dyn FnMut(usize, &[f32], &mut [f32]);
+
+/// `label`, then the time of `run(n, x, out)` for 1, 2, 4 and 8 activation rows of `cols`
+/// (`out`: `n × rows`): one row as ms and GB/s over `bytes`, wider ones relative to it.
+fn width_line(
+    label: String,
+    bytes: usize,
+    (rows, cols): (usize, usize),
+    reps: usize,
+    run: WidthRun<'_>,
+) -> String {
+    let mut line = label;
+    let mut base = 0.0;
+    for n in [1usize, 2, 4, 8] {
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
+            .collect();
+        let mut out = vec![0f32; n * rows];
+        let best = best_of(reps, &mut || run(n, &x, &mut out));
+        if n == 1 {
+            base = best;
+            line += &format!(
+                " n=1 {:.2} ms ({:.1} GB/s)",
+                best * 1e3,
+                bytes as f64 / best / 1e9
+            );
+        } else {
+            line += &format!("  n={n} {:.2} ms ({:.2}×)", best * 1e3, best / base);
+        }
+    }
+    line
+}
+
 /// Decode-shaped passes over a matrix far larger than the caches (the 0.8B model's output
 /// projection), on every thread: one row is memory bandwidth as the kernel sees it (next to a
 /// plain read of the same bytes); 2, 4, 8 rows show what a verification batch adds on top.
@@ -32,18 +77,9 @@ fn streaming() {
     let (rows, cols) = (248_320, 1024);
     let q = weight(WeightType::Q8_0, rows, cols);
     let p = specd_ops::pack::pack(&q).expect("pack");
-    let best_of = |f: &mut dyn FnMut()| {
-        (0..7)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
     // The floor: every thread sums its share of the bytes as u64 words.
     let bytes = q.bytes();
-    let read = best_of(&mut || {
+    let read = best_of(7, &mut || {
         use rayon::prelude::*;
         let s: u64 = bytes
             .par_chunks(1 << 20)
@@ -69,27 +105,10 @@ fn streaming() {
         if !Isa::available().contains(&isa) {
             continue;
         }
-        let mut line = format!("stream {rows}x{cols} {:13} {isa:?}:", w.wtype.name());
-        let mut base = 0.0;
-        for n in [1usize, 2, 4, 8] {
-            let x: Vec<f32> = (0..n * cols)
-                .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
-                .collect();
-            let mut out = vec![0f32; n * rows];
-            let best = best_of(&mut || {
-                matmul_with(isa, &x, n, w, &mut out).expect("matmul");
-            });
-            if n == 1 {
-                base = best;
-                line += &format!(
-                    " n=1 {:.2} ms ({:.1} GB/s)",
-                    best * 1e3,
-                    w.size_bytes() as f64 / best / 1e9
-                );
-            } else {
-                line += &format!("  n={n} {:.2} ms ({:.2}×)", best * 1e3, best / base);
-            }
-        }
+        let label = format!("stream {rows}x{cols} {:13} {isa:?}:", w.wtype.name());
+        let line = width_line(label, w.size_bytes(), (rows, cols), 7, &mut |n, x, out| {
+            matmul_with(isa, x, n, w, out).expect("matmul");
+        });
         println!("{line}");
     }
 }
@@ -102,33 +121,12 @@ fn layer_streaming() {
         .map(|_| specd_ops::pack::pack(&weight(WeightType::Q8_0, rows, cols)).expect("pack"))
         .collect();
     let total: usize = ws.iter().map(|w| w.size_bytes()).sum();
-    let mut line = format!("layers {count}x({rows}x{cols}) q8_0 interleaved:");
-    let mut base = 0.0;
-    for n in [1usize, 2, 4, 8] {
-        let x: Vec<f32> = (0..n * cols)
-            .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
-            .collect();
-        let mut out = vec![0f32; n * rows];
-        let best = (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                for w in &ws {
-                    matmul_with(Isa::Avx512Vnni, &x, n, w, &mut out).expect("matmul");
-                }
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min);
-        if n == 1 {
-            base = best;
-            line += &format!(
-                " n=1 {:.2} ms ({:.1} GB/s)",
-                best * 1e3,
-                total as f64 / best / 1e9
-            );
-        } else {
-            line += &format!("  n={n} {:.2} ms ({:.2}×)", best * 1e3, best / base);
+    let label = format!("layers {count}x({rows}x{cols}) q8_0 interleaved:");
+    let line = width_line(label, total, (rows, cols), 5, &mut |n, x, out| {
+        for w in &ws {
+            matmul_with(Isa::Avx512Vnni, x, n, w, out).expect("matmul");
         }
-    }
+    });
     println!("{line}");
 }
 
