@@ -146,8 +146,11 @@ pub struct Controller {
     accept: Vec<f64>,
     /// Observations of each position so far (saturating at [`WARMUP`]).
     seen: Vec<u32>,
-    /// Draft kept in the shadow of a plain step (first token only matters).
-    pub shadow: Option<u32>,
+    /// A drafted token that was not verified, kept "in the shadow": `(position, token)`. When
+    /// every verified position before it is accepted, the target's own next token says whether
+    /// it would have been accepted too — position 0 in a plain step, position n after n
+    /// accepted drafts — so that position is measured at no cost.
+    pub shadow: Option<(usize, u32)>,
     /// EMA of seconds per drafted token of a model drafter (catch-up decode included).
     draft_secs: Option<f64>,
     /// Rounds [`Controller::plan`] skipped since the last draft.
@@ -235,24 +238,36 @@ impl Controller {
     /// Updates the estimates after a verified draft of `drafted` tokens with `accepted` matches.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
         for i in 0..drafted.min(self.accept.len()) {
-            if self.seen[i] == 0 {
-                // First evidence for this position: start from what it inherited.
-                self.accept[i] = self.estimate(i);
-            }
-            let hit = if i < accepted { 1.0 } else { 0.0 };
-            // Running mean with the prior during warm-up, EMA after.
-            let rate = (1.0 / (PRIOR_WEIGHT + self.seen[i] as f64 + 1.0)).max(ALPHA);
-            self.accept[i] += rate * (hit - self.accept[i]);
-            self.seen[i] = (self.seen[i] + 1).min(WARMUP);
+            self.update(i, i < accepted);
             if i >= accepted {
                 break; // later positions were not observed
             }
         }
     }
-    /// Resolves a shadow draft against the token the plain step produced.
-    pub fn resolve_shadow(&mut self, produced: u32) {
-        if let Some(d) = self.shadow.take() {
-            self.observe(1, usize::from(d == produced));
+    /// One observation of position `i` (all positions before it accepted).
+    fn update(&mut self, i: usize, hit: bool) {
+        if i >= self.accept.len() {
+            return;
+        }
+        if self.seen[i] == 0 {
+            // First evidence for this position: start from what it inherited.
+            self.accept[i] = self.estimate(i);
+        }
+        let hit = if hit { 1.0 } else { 0.0 };
+        // Running mean with the prior during warm-up, EMA after.
+        let rate = (1.0 / (PRIOR_WEIGHT + self.seen[i] as f64 + 1.0)).max(ALPHA);
+        self.accept[i] += rate * (hit - self.accept[i]);
+        self.seen[i] = (self.seen[i] + 1).min(WARMUP);
+    }
+    /// Resolves the shadow token after a round in which `accepted` drafts were accepted and the
+    /// target produced `produced` next: it counts only if it sits right after them. Without
+    /// this, a position the controller stopped drafting after an unlucky start was never
+    /// observed again, so its pessimistic estimate kept the drafts short for good.
+    pub fn resolve_shadow(&mut self, accepted: usize, produced: u32) {
+        if let Some((pos, d)) = self.shadow.take() {
+            if pos == accepted {
+                self.update(pos, d == produced);
+            }
         }
     }
     /// Estimate for position `i`: its own once observed; before that, the previous position's
@@ -545,9 +560,32 @@ mod tests {
             c.observe(4, 0);
         }
         for _ in 0..30 {
-            c.shadow = Some(7);
-            c.resolve_shadow(7);
+            c.shadow = Some((0, 7));
+            c.resolve_shadow(0, 7);
         }
         assert!(c.estimates()[0] > 0.9);
+    }
+
+    #[test]
+    fn shadow_after_accepted_drafts_measures_the_next_position() {
+        let mut c = Controller::new(4);
+        // Position 1 starts unlucky: accepted position 0, then a miss, twice.
+        c.observe(2, 1);
+        c.observe(2, 1);
+        let before = c.estimates()[1];
+        // One-token drafts, all accepted, with the drafter's second token in the shadow: the
+        // target's next token matches it every time.
+        for _ in 0..20 {
+            c.observe(1, 1);
+            c.shadow = Some((1, 5));
+            c.resolve_shadow(1, 5);
+        }
+        assert!(c.estimates()[1] > before + 0.3, "{:?}", c.estimates());
+        // A shadow that does not sit right after the accepted drafts says nothing.
+        let e = c.estimates()[2];
+        c.shadow = Some((2, 5));
+        c.resolve_shadow(1, 9);
+        assert_eq!(c.estimates()[2], e);
+        assert!(c.shadow.is_none());
     }
 }

@@ -567,9 +567,10 @@ impl Engine {
                 };
                 if n == 0 && !draft.is_empty() {
                     s.stats.controller_skips += 1;
-                    if s.chain.is_cheap() {
-                        s.controller.shadow = draft.first().copied();
-                    }
+                }
+                // The first token not verified stays in the shadow (free for a cheap drafter).
+                if s.chain.is_cheap() {
+                    s.controller.shadow = draft.get(n).map(|&t| (n, t));
                 }
                 draft.truncate(n);
             }
@@ -724,13 +725,15 @@ impl Engine {
         }
         if draft.is_empty() {
             s.stats.empty_draft_rounds += 1;
-            s.controller.resolve_shadow(new_tokens[0]);
+            s.controller.resolve_shadow(0, new_tokens[0]);
         } else if s.forced_round {
             // Grammar-forced drafts say nothing about the drafters or their acceptance rate.
             s.stats.record_draft(draft.len(), k);
+            s.controller.shadow = None;
         } else {
             s.stats.record_draft(draft.len(), k);
             s.controller.observe(draft.len(), k);
+            s.controller.resolve_shadow(k, new_tokens[k]);
             s.chain.feedback(draft.len(), k);
         }
         // Fed rows: last, d1..dn. Accepted in memory: last, d1..dk.
