@@ -29,60 +29,65 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
-/// In place `a[i] = silu(a[i])`.
-pub fn silu_inplace(a: &mut [f32]) {
+/// Which SiLU product a slice function computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// a = silu(a)
+    Silu,
+    /// a = silu(a)·b
+    SiluTimes,
+    /// a = a·silu(b)
+    TimesSiluOf,
+}
+
+impl Op {
+    /// The scalar formula (the portable path).
+    fn scalar(self, x: f32, y: f32) -> f32 {
+        match self {
+            Op::Silu => silu(x),
+            Op::SiluTimes => silu(x) * y,
+            Op::TimesSiluOf => x * silu(y),
+        }
+    }
+}
+
+/// Runs `op` over `a` (with `b`, as long as `a`, where the op has a second operand): the
+/// AVX-512 body where the CPU has it, else the scalar formula.
+fn apply(a: &mut [f32], b: Option<&[f32]>, op: Op) {
+    if let Some(b) = b {
+        assert_eq!(a.len(), b.len());
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::isa() >= crate::Isa::Avx512Vnni {
-        // SAFETY: AVX-512 detected; the body reads and writes `a` only within its length.
-        unsafe { avx512::apply(a, None, avx512::Op::Silu) };
+        // SAFETY: AVX-512 detected; `b`, when given, is as long as `a` (asserted above).
+        unsafe { avx512::apply(a, b, op) };
         return;
     }
-    for x in a {
-        *x = silu(*x);
+    for (i, x) in a.iter_mut().enumerate() {
+        *x = op.scalar(*x, b.map_or(0.0, |b| b[i]));
     }
+}
+
+/// In place `a[i] = silu(a[i])`.
+pub fn silu_inplace(a: &mut [f32]) {
+    apply(a, None, Op::Silu);
 }
 
 /// In place `a[i] = silu(a[i]) * b[i]` (the SwiGLU FFN gate).
 pub fn swiglu_inplace(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa() >= crate::Isa::Avx512Vnni {
-        // SAFETY: AVX-512 detected; lengths asserted equal.
-        unsafe { avx512::apply(a, Some(b), avx512::Op::SiluTimes) };
-        return;
-    }
-    for (x, &y) in a.iter_mut().zip(b) {
-        *x = silu(*x) * y;
-    }
+    apply(a, Some(b), Op::SiluTimes);
 }
 
 /// In place `a[i] = a[i] * silu(b[i])` (the gated RMSNorm's output gate).
 pub fn mul_silu_inplace(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    #[cfg(target_arch = "x86_64")]
-    if crate::isa() >= crate::Isa::Avx512Vnni {
-        // SAFETY: AVX-512 detected; lengths asserted equal.
-        unsafe { avx512::apply(a, Some(b), avx512::Op::TimesSiluOf) };
-        return;
-    }
-    for (x, &y) in a.iter_mut().zip(b) {
-        *x *= silu(y);
-    }
+    apply(a, Some(b), Op::TimesSiluOf);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    pub enum Op {
-        /// a = silu(a)
-        Silu,
-        /// a = silu(a)·b
-        SiluTimes,
-        /// a = a·silu(b)
-        TimesSiluOf,
-    }
+    use super::Op;
 
     /// e^x: range reduction by ln 2 and Cephes' degree-6 polynomial (max relative error about
     /// 1e-7), scaled back with `vscalefps`, which handles overflow and underflow.
