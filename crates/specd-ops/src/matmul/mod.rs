@@ -61,19 +61,19 @@ pub fn matmul_many(
     ws: &[&Weight],
     outs: &mut [&mut [f32]],
 ) -> Result<(), OpsError> {
+    if ws.len() != outs.len() {
+        return Err(OpsError::Shape {
+            op: "matmul_many",
+            detail: format!("{} weights, {} outputs", ws.len(), outs.len()),
+        });
+    }
     let isa = crate::isa();
     let cols = ws.first().map_or(0, |w| w.cols);
     let fused = isa == Isa::Avx512Vnni
         && ws
             .iter()
             .all(|w| w.wtype.interleaved_from().is_some() && w.cols == cols);
-    if !fused || ws.len() != outs.len() || n == 0 {
-        if ws.len() != outs.len() {
-            return Err(OpsError::Shape {
-                op: "matmul_many",
-                detail: format!("{} weights, {} outputs", ws.len(), outs.len()),
-            });
-        }
+    if !fused || n == 0 {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             matmul_with(isa, x, n, w, out)?;
         }
