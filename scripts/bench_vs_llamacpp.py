@@ -8,7 +8,11 @@
    with `--spec-synth-rates` P_i = a^(i+1) (per-token acceptance a, draft length n) — and each gets
    the same greedy /completion request. The figure is `timings.predicted_per_second`; requests go
    round-robin to plain and speculative servers (`--reps` rounds per row) and each speedup is the
-   median over rounds of speculative / plain of the same round. specd's synthetic
+   median over rounds of speculative / plain of the same round, plain first in even rounds and
+   second in odd ones. specd's plain figure comes from the speculative server itself, with
+   speculation switched off for the request (`"speculative": {"enabled": false}`): two identical
+   plain specd servers ran 3 % apart (paired median, 10 rounds) — as large as the effects measured
+   here — while llama-server has no per-request switch and keeps its own plain server. specd's synthetic
    drafter drafts the true continuation corrupted so position i is accepted with probability P_i
    (its output stays the plain output);
    llama.cpp's flips a coin per drafted token. specd runs with `--spec-rollback fast` (default)
@@ -54,9 +58,12 @@ class Server:
                 time.sleep(0.5)
         raise RuntimeError(f"server did not start: {' '.join(cmd)}")
 
-    def timings(self, n_gen):
-        r = post(self.port, "/completion", {"prompt": PROMPT, "n_predict": n_gen, "temperature": 0,
-                                            "ignore_eos": True, "cache_prompt": False, "seed": 1})
+    def timings(self, n_gen, plain=False):
+        body = {"prompt": PROMPT, "n_predict": n_gen, "temperature": 0, "ignore_eos": True,
+                "cache_prompt": False, "seed": 1}
+        if plain:
+            body["speculative"] = {"enabled": False}
+        r = post(self.port, "/completion", body)
         return r["timings"], r
 
     def close(self):
@@ -104,16 +111,14 @@ def main():
     engines = {"llama.cpp": ([f"{a.llama_bin}/llama-server"], []),
                "specd fast": ([a.specd, "serve"], ["--spec-rollback", "fast"]),
                "specd checkpoint": ([a.specd, "serve"], ["--spec-rollback", "checkpoint"])}
-    # Plain servers stay up for the whole run; each row starts its speculative servers and then
-    # sends requests round-robin — plain llama.cpp, speculative llama.cpp, plain specd, each
-    # speculative specd — `reps` times. Every speedup is the median over rounds of (speculative
-    # / plain of the same round): this host's speed drifts in bursts of tens of percent, and
-    # only a plain figure taken seconds before the speculative one, paired round by round,
-    # keeps rows that do exactly plain's work at 1.0x.
-    plain_srv = {"llama.cpp": Server(*engines["llama.cpp"][:1], base),
-                 "specd": Server(engines["specd fast"][0], base)}
-    plain_of = {"llama.cpp": "llama.cpp", "specd fast": "specd", "specd checkpoint": "specd"}
-    plain_all = {k: [] for k in plain_srv}
+    # llama.cpp's plain server stays up for the whole run; each row starts its speculative
+    # servers and then sends requests round-robin — per engine a plain and a speculative request
+    # — `reps` times. Every speedup is the median over rounds of (speculative / plain of the same
+    # round): this host's speed drifts in bursts of tens of percent, and only a plain figure
+    # taken seconds before or after the speculative one, paired round by round, keeps rows that
+    # do exactly plain's work at 1.0x.
+    llama_plain = Server(engines["llama.cpp"][0], base)
+    plain_all = {name: [] for name in engines}
     rows = []
     print("\n| per-token acceptance | n-max | " + " | ".join(f"{e} tok/s (speedup)" for e in engines) + " | specd acc. len |")
     print("|---|---|" + "---|" * len(engines) + "---|")
@@ -125,34 +130,38 @@ def main():
                     "--spec-synth-rates", rates]
             srv = {name: Server(binary, base + extra + spec) for name, (binary, extra) in engines.items()}
             tps = {name: [] for name in engines}
-            ptps = {name: [] for name in plain_srv}
+            ptps = {name: [] for name in engines}
             ratio = {name: [] for name in engines}
             acc = []
             last = {}
             try:
-                for _ in range(a.reps):
-                    for pname in plain_srv:
-                        ptps[pname].append(plain_srv[pname].timings(a.n_gen)[0]["predicted_per_second"])
-                        for name in engines:
-                            if plain_of[name] != pname:
-                                continue
-                            t, resp = srv[name].timings(a.n_gen)
-                            tps[name].append(t["predicted_per_second"])
-                            ratio[name].append(t["predicted_per_second"] / ptps[pname][-1])
-                            last[name] = t
-                            if name == "specd fast":
-                                al = (resp.get("speculative") or t.get("speculative") or {}).get("acceptance_length")
-                                if al is not None:
-                                    acc.append(al)
+                for rep in range(a.reps):
+                    for name in engines:
+                        def plain():
+                            if name == "llama.cpp":
+                                return llama_plain.timings(a.n_gen)[0]["predicted_per_second"]
+                            return srv[name].timings(a.n_gen, plain=True)[0]["predicted_per_second"]
+                        if rep % 2 == 0:
+                            ptps[name].append(plain())
+                        t, resp = srv[name].timings(a.n_gen)
+                        if rep % 2 == 1:
+                            ptps[name].append(plain())
+                        tps[name].append(t["predicted_per_second"])
+                        ratio[name].append(t["predicted_per_second"] / ptps[name][-1])
+                        last[name] = t
+                        if name == "specd fast":
+                            al = (resp.get("speculative") or t.get("speculative") or {}).get("acceptance_length")
+                            if al is not None:
+                                acc.append(al)
             finally:
                 for x in srv.values():
                     x.close()
-            for pname, v in ptps.items():
-                plain_all[pname].extend(v)
+            for name, v in ptps.items():
+                plain_all[name].extend(v)
             row = {"rate": rate, "n_max": n}
             cells = []
             for name in engines:
-                row[name] = {"tok_s": median(tps[name]), "plain_tok_s": median(ptps[plain_of[name]]),
+                row[name] = {"tok_s": median(tps[name]), "plain_tok_s": median(ptps[name]),
                              "speedup": median(ratio[name]), "speedups": ratio[name],
                              "draft_n": last[name].get("draft_n"),
                              "draft_n_accepted": last[name].get("draft_n_accepted")}
@@ -160,8 +169,7 @@ def main():
             acc_len = median(acc) if acc else None
             rows.append(row)
             print(f"| {rate} | {n} | " + " | ".join(cells) + f" | {acc_len if acc_len is None else round(acc_len, 2)} |", flush=True)
-    for x in plain_srv.values():
-        x.close()
+    llama_plain.close()
     plain = {k: median(v) for k, v in plain_all.items()}
     out["plain"] = plain
     out["synthetic"] = rows

@@ -3,7 +3,7 @@
 
 use crate::error::{ApiError, JsonBody};
 use crate::params::{parse_gen, Api, Fields, GenParams};
-use crate::scheduler::{synthetic_reference, Event, Job};
+use crate::scheduler::{Event, Job};
 use crate::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -229,10 +229,11 @@ struct Running {
 async fn start(st: &Arc<AppState>, prompt: Vec<u32>, g: &GenParams) -> Result<Running, ApiError> {
     let mut req = prepare(st, prompt.clone(), g)?;
     if req.spec.drafters.contains(&DrafterKind::Synthetic) {
-        let (model, r, n_ctx) = (st.model.clone(), req.clone(), st.cfg.n_ctx_slot);
-        let reference = tokio::task::spawn_blocking(move || synthetic_reference(model, &r, n_ctx))
-            .await
-            .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;
+        let (model, r, n_ctx, st2) = (st.model.clone(), req.clone(), st.cfg.n_ctx_slot, st.clone());
+        let reference =
+            tokio::task::spawn_blocking(move || st2.references.get_or_run(model, &r, n_ctx))
+                .await
+                .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;
         req.reference = Some(reference);
     }
     let (tx, mut rx) = mpsc::unbounded_channel();

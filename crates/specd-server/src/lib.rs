@@ -88,6 +88,8 @@ pub struct AppState {
     pub sched: Scheduler,
     /// Unix time the server started (`created` of `/v1/models`).
     pub started: u64,
+    /// The synthetic drafter's last reference run.
+    pub references: scheduler::ReferenceCache,
 }
 
 impl AppState {
@@ -124,6 +126,7 @@ impl AppState {
             template,
             sched,
             started,
+            references: Default::default(),
         }))
     }
 }

@@ -34,14 +34,27 @@
 
 /// Measured cost of verification batches by width (rows), shared by every sequence, and of the
 /// checkpoint-and-replay rollback where a draft needs it.
+///
+/// Every cost except the one-row step is kept **in steps**: a sample is divided by the step
+/// estimate of the moment it was taken. The choice of a draft length only compares costs with
+/// each other, and this host's speed moves in bursts of tens of percent; kept in seconds, a width
+/// measured during a fast burst and rarely used since (two rows at low acceptance) looked cheaper
+/// than the one-row step measured every round in the slow phase that followed, so a controller
+/// with no accepted draft for many rounds kept verifying one-token drafts — 71 of them in one
+/// 128-token request at zero acceptance.
 #[derive(Debug, Clone)]
 pub struct CostModel {
-    /// EMA of seconds per decode call of width w (index w), if measured.
-    secs: Vec<Option<f64>>,
-    /// EMA of seconds of a checkpoint-and-replay rollback that kept w rows (index w): restoring
+    /// EMA of seconds per one-row decode: the unit of everything else.
+    step: Option<f64>,
+    /// EMA of the cost of a decode of width w (index w ≥ 2), in steps, if measured.
+    units: Vec<Option<f64>>,
+    /// Seconds of decodes of width w measured before any one-row step (converted to steps when
+    /// the first one is).
+    pending: Vec<Option<f64>>,
+    /// EMA, in steps, of a checkpoint-and-replay rollback that kept w rows (index w): restoring
     /// the state and decoding those rows again.
     replay: Vec<Option<f64>>,
-    /// EMA of seconds to take a checkpoint before a verification batch.
+    /// EMA, in steps, of taking a checkpoint before a verification batch.
     checkpoint: Option<f64>,
     /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a replay when not
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
@@ -49,11 +62,16 @@ pub struct CostModel {
     fast_window: usize,
 }
 
+/// Widths the cost model keeps (wider batches are priced as the widest).
+const MAX_WIDTH: usize = 65;
+
 impl Default for CostModel {
     fn default() -> Self {
         CostModel {
-            secs: vec![None; 66],
-            replay: vec![None; 66],
+            step: None,
+            units: vec![None; MAX_WIDTH + 1],
+            pending: vec![None; MAX_WIDTH + 1],
+            replay: vec![None; MAX_WIDTH + 1],
             checkpoint: None,
             fast_window: usize::MAX,
         }
@@ -64,6 +82,9 @@ fn ema(old: Option<f64>, new: f64, rate: f64) -> Option<f64> {
     Some(old.map_or(new, |o| (1.0 - rate) * o + rate * new))
 }
 
+/// EMA rate of every measured cost.
+const COST_RATE: f64 = 0.2;
+
 impl CostModel {
     /// A cost model for a memory whose fast rollback covers batches of up to `fast_window` rows
     /// (0: every draft is verified under a checkpoint and rolled back by replay).
@@ -73,27 +94,38 @@ impl CostModel {
             ..Default::default()
         }
     }
+    /// `secs` in steps of the current estimate (None before the first one-row step).
+    fn in_steps(&self, secs: f64) -> Option<f64> {
+        if !secs.is_finite() || secs < 0.0 {
+            return None;
+        }
+        self.step.map(|s| secs / s)
+    }
     /// Records a checkpoint-and-replay rollback that kept `rows` rows and took `secs`.
     pub fn observe_replay(&mut self, rows: usize, secs: f64) {
-        if rows < self.replay.len() && secs.is_finite() && secs >= 0.0 {
-            self.replay[rows] = ema(self.replay[rows], secs, 0.2);
+        if let (true, Some(u)) = (rows < self.replay.len(), self.in_steps(secs)) {
+            self.replay[rows] = ema(self.replay[rows], u, COST_RATE);
         }
     }
     /// Records that taking a checkpoint took `secs`.
     pub fn observe_checkpoint(&mut self, secs: f64) {
-        if secs.is_finite() && secs >= 0.0 {
-            self.checkpoint = ema(self.checkpoint, secs, 0.2);
+        if let Some(u) = self.in_steps(secs) {
+            self.checkpoint = ema(self.checkpoint, u, COST_RATE);
         }
     }
     /// Whether a draft of `n` tokens is verified under a checkpoint.
     pub fn needs_checkpoint(&self, n: usize) -> bool {
         n > 0 && n + 1 > self.fast_window
     }
+    /// Estimated seconds of taking a checkpoint (0 until measured).
+    fn checkpoint_cost(&self) -> f64 {
+        self.checkpoint.unwrap_or(0.0) * self.cost(1)
+    }
     /// Estimated seconds of a replay rollback keeping `rows` rows: measured, else the cost of a
     /// verification batch of that width (an upper bound: a replay computes no logits).
     fn replay_cost(&self, rows: usize) -> f64 {
         match self.replay.get(rows).copied().flatten() {
-            Some(s) => s,
+            Some(u) => u * self.cost(1),
             None if rows == 0 => 0.0,
             None => self.cost(rows),
         }
@@ -101,41 +133,76 @@ impl CostModel {
 
     /// Records that a decode of `width` rows took `secs`.
     pub fn observe(&mut self, width: usize, secs: f64) {
-        if width >= self.secs.len() || !secs.is_finite() || secs <= 0.0 {
+        if width == 0 || width > MAX_WIDTH || !secs.is_finite() || secs <= 0.0 {
             return;
         }
-        self.secs[width] = ema(self.secs[width], secs, 0.2);
+        if width == 1 {
+            let first = self.step.is_none();
+            self.step = ema(self.step, secs, COST_RATE);
+            if first {
+                for w in 2..=MAX_WIDTH {
+                    if let Some(p) = self.pending[w].take() {
+                        self.units[w] = self.in_steps(p);
+                    }
+                }
+            }
+            return;
+        }
+        match self.in_steps(secs) {
+            Some(u) => self.units[width] = ema(self.units[width], u, COST_RATE),
+            None => self.pending[width] = ema(self.pending[width], secs, COST_RATE),
+        }
+    }
+    /// Measured widths as `(width, steps)`, each at least [`MIN_SLOPE`] of a step per extra row
+    /// above every narrower one: a batch never costs less than a narrower one (every row is
+    /// sampled, at least), whatever a burst of the host made one sample say.
+    fn measured(&self) -> Vec<(usize, f64)> {
+        let mut out = vec![(1, 1.0)];
+        for (w, u) in self.units.iter().enumerate().skip(2) {
+            if let Some(u) = *u {
+                let &(wp, up) = out.last().unwrap_or(&(1, 1.0));
+                out.push((w, u.max(up + MIN_SLOPE * (w - wp) as f64)));
+            }
+        }
+        out
     }
     /// Estimated seconds for a batch of `width` rows. Unmeasured widths are interpolated between
     /// measured ones; beyond the widest measured one the slope of the two widest measured widths
     /// is extended (at least [`MIN_SLOPE`] of the widest's cost per row), or with a single
     /// measured width a conservative [`UNMEASURED_SLOPE`] of it per row.
     pub fn cost(&self, width: usize) -> f64 {
-        let w = width.min(self.secs.len() - 1);
-        if let Some(s) = self.secs[w] {
-            return s;
-        }
-        let below = (1..w).rev().find_map(|i| self.secs[i].map(|s| (i, s)));
-        let above = (w + 1..self.secs.len()).find_map(|i| self.secs[i].map(|s| (i, s)));
-        match (below, above) {
-            (Some((i0, s0)), Some((i1, s1))) => s0 + (s1 - s0) * (w - i0) as f64 / (i1 - i0) as f64,
-            (Some((i0, s0)), None) => {
-                // Beyond the widest measured width: extend the slope between the two widest
-                // measured ones (what this machine's kernels have shown), floored so that noise
-                // cannot make rows look free. With one measured width only, the pessimistic
-                // prior slope. Without this, a controller that had only tried short drafts kept
-                // estimating long ones at the prior's 0.2 step per row and never tried them,
-                // even at full acceptance.
-                let prev = (1..i0).rev().find_map(|i| self.secs[i].map(|s| (i, s)));
-                let slope = match prev {
-                    Some((ip, sp)) => ((s0 - sp) / (i0 - ip) as f64).max(MIN_SLOPE * s0),
-                    None => UNMEASURED_SLOPE * s0,
-                };
-                s0 + slope * (w - i0) as f64
-            }
-            (None, Some((i1, s1))) => s1 / (1.0 + UNMEASURED_SLOPE * (i1 - w) as f64),
-            (None, None) => 1.0 + UNMEASURED_SLOPE * (w as f64 - 1.0),
-        }
+        let w = width.clamp(1, MAX_WIDTH);
+        let Some(step) = self.step else {
+            // Nothing measured in steps yet: relative costs from the prior slope, anchored on
+            // the first width measured in seconds if any.
+            let unit = (2..=MAX_WIDTH)
+                .find_map(|i| {
+                    self.pending[i].map(|s| s / (1.0 + UNMEASURED_SLOPE * (i as f64 - 1.0)))
+                })
+                .unwrap_or(1.0);
+            return unit * (1.0 + UNMEASURED_SLOPE * (w as f64 - 1.0));
+        };
+        let m = self.measured();
+        let i = m.partition_point(|&(mw, _)| mw <= w); // m[i-1].0 <= w < m[i].0
+        let (w0, u0) = m[i - 1];
+        let u = if w0 == w {
+            u0
+        } else if let Some(&(w1, u1)) = m.get(i) {
+            u0 + (u1 - u0) * (w - w0) as f64 / (w1 - w0) as f64
+        } else if i >= 2 {
+            // Beyond the widest measured width: extend the slope between the two widest
+            // measured ones (what this machine's kernels have shown), floored so that noise
+            // cannot make rows look free. Without this, a controller that had only tried short
+            // drafts kept estimating long ones at the prior's 0.2 step per row and never tried
+            // them, even at full acceptance.
+            let (wp, up) = m[i - 2];
+            let slope = ((u0 - up) / (w0 - wp) as f64).max(MIN_SLOPE * u0);
+            u0 + slope * (w - w0) as f64
+        } else {
+            // Only the one-row step is known: the pessimistic prior slope.
+            1.0 + UNMEASURED_SLOPE * (w as f64 - 1.0)
+        };
+        step * u
     }
 }
 
@@ -179,8 +246,8 @@ pub const INHERIT: f64 = 0.95;
 pub const ALPHA: f64 = 0.15;
 /// Assumed extra cost per row of an unmeasured batch width, as a fraction of a measured one.
 pub const UNMEASURED_SLOPE: f64 = 0.2;
-/// Least extra cost per row assumed when extrapolating from two measured widths, as a fraction
-/// of the widest measured one's cost.
+/// Least extra cost per row: of a step between measured widths, and of the widest measured
+/// width's cost when extrapolating beyond it.
 pub const MIN_SLOPE: f64 = 0.02;
 /// Skipped rounds before the first probe of a model drafter; doubles after each probe that does
 /// not bring drafting back, up to [`PROBE_MAX`].
@@ -349,7 +416,7 @@ impl Controller {
             }
             let mut t = cost.cost(n + 1) + n as f64 * draft_secs;
             if cost.needs_checkpoint(n) {
-                t += cost.checkpoint.unwrap_or(0.0) + replay;
+                t += cost.checkpoint_cost() + replay;
             }
             let rate = e / t;
             // Drafting must beat plain decoding by a margin: at break-even the per-round costs
@@ -420,6 +487,39 @@ mod tests {
             c.observe(4, 4);
         }
         assert_eq!(c.choose(8, 0, &cost), 8);
+    }
+
+    #[test]
+    fn widths_are_priced_in_steps_of_their_moment() {
+        // Two rows measured at 1.1 steps while a step took 20 ms; then the host slows to 40 ms
+        // a step and two rows are not measured again: they still cost 1.1 steps, not 22 ms.
+        let mut cost = CostModel::default();
+        cost.observe(1, 0.020);
+        cost.observe(2, 0.022);
+        for _ in 0..50 {
+            cost.observe(1, 0.040);
+        }
+        assert!((cost.cost(2) / cost.cost(1) - 1.1).abs() < 1e-9);
+        // A sample from a fast burst cannot make a wider batch cheaper than a narrower one…
+        let mut cost = CostModel::default();
+        cost.observe(1, 0.040);
+        cost.observe(2, 0.020);
+        cost.observe(3, 0.050);
+        cost.observe(5, 0.045);
+        assert!((cost.cost(2) / cost.cost(1) - (1.0 + MIN_SLOPE)).abs() < 1e-9);
+        assert!(cost.cost(4) > cost.cost(3) && cost.cost(5) > cost.cost(4));
+        // …so after a run of misses a one-token draft is not worth its verification.
+        let mut c = Controller::new(4);
+        for _ in 0..10 {
+            c.observe(1, 0);
+        }
+        assert_eq!(c.choose(4, 0, &cost), 0);
+        // Widths measured before the first one-row step are converted once it is known.
+        let mut cost = CostModel::default();
+        cost.observe(3, 0.030);
+        assert!(cost.cost(3) > cost.cost(2) && cost.cost(2) > cost.cost(1));
+        cost.observe(1, 0.020);
+        assert!((cost.cost(3) - 0.030).abs() < 1e-12);
     }
 
     #[test]
