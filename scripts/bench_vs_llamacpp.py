@@ -118,6 +118,7 @@ def main():
     # taken seconds before or after the speculative one, paired round by round, keeps rows that
     # do exactly plain's work at 1.0x.
     llama_plain = Server(engines["llama.cpp"][0], base)
+    llama_plain.timings(a.n_gen)
     plain_all = {name: [] for name in engines}
     rows = []
     print("\n| per-token acceptance | n-max | " + " | ".join(f"{e} tok/s (speedup)" for e in engines) + " | specd acc. len |")
@@ -129,6 +130,10 @@ def main():
             spec = ["--spec-type", "ngram-mod", "--spec-draft-n-max", str(n), "--spec-draft-n-min", "0",
                     "--spec-synth-rates", rates]
             srv = {name: Server(binary, base + extra + spec) for name, (binary, extra) in engines.items()}
+            # One unmeasured request per new server: the first one pays for allocations (and
+            # specd's synthetic reference run; llama.cpp's n-gram drafter has no history yet).
+            for x in srv.values():
+                x.timings(a.n_gen)
             tps = {name: [] for name in engines}
             ptps = {name: [] for name in engines}
             ratio = {name: [] for name in engines}

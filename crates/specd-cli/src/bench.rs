@@ -533,24 +533,38 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             let mut plain: Option<RunResult> = None;
             let mut best: Vec<Option<RunResult>> = cells.iter().map(|_| None).collect();
             let mut ratios: Vec<Vec<f64>> = cells.iter().map(|_| Vec::new()).collect();
-            for _ in 0..reps {
-                let r = run_workload(
-                    &model,
-                    w,
-                    &a,
-                    &SpecParams::default(),
-                    RollbackKind::Fast,
-                    None,
-                    &mut refs,
-                )?;
-                let round_plain = r.tok_s();
-                keep_fastest(&mut plain, r);
-                pb.inc(1);
-                for (((_, p, rb, _), slot), ratio) in cells.iter().zip(&mut best).zip(&mut ratios) {
-                    let r = run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?;
+            let plain_params = SpecParams::default();
+            for rep in 0..reps {
+                // Plain first in even rounds, last in odd ones (the first round always starts
+                // with plain: the synthetic drafter needs its reference), so that neither a
+                // drift within a round nor the position in it favours one side.
+                let plain_first = rep % 2 == 0 || refs.is_empty();
+                let mut round = Vec::with_capacity(cells.len());
+                let mut round_plain = 0.0;
+                let n = cells.len() + 1;
+                for i in 0..n {
+                    let is_plain = if plain_first { i == 0 } else { i == n - 1 };
+                    if is_plain {
+                        let r = run_workload(
+                            &model,
+                            w,
+                            &a,
+                            &plain_params,
+                            RollbackKind::Fast,
+                            None,
+                            &mut refs,
+                        )?;
+                        round_plain = r.tok_s();
+                        keep_fastest(&mut plain, r);
+                    } else {
+                        let (_, p, rb, _) = cells[if plain_first { i - 1 } else { i }];
+                        round.push(run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?);
+                    }
+                    pb.inc(1);
+                }
+                for ((r, slot), ratio) in round.into_iter().zip(&mut best).zip(&mut ratios) {
                     ratio.push(r.tok_s() / round_plain.max(1e-9));
                     keep_fastest(slot, r);
-                    pb.inc(1);
                 }
             }
             let Some(plain) = plain else { continue };
