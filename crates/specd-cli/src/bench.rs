@@ -436,13 +436,16 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         a.mode.split(',').collect()
     };
     let draft = match &a.model_draft {
-        Some(p) => Some(Arc::new(Model::load(
-            p,
-            specd_models::ModelOptions {
-                n_threads: a.model.threads,
-                n_ubatch: a.model.batch_size,
-            },
-        )?)),
+        Some(p) => Some(Arc::new(
+            Model::load(
+                p,
+                specd_models::ModelOptions {
+                    n_threads: a.model.threads,
+                    n_ubatch: a.model.batch_size,
+                },
+            )?
+            .share_threads(&model),
+        )),
         None => None,
     };
     let rollbacks: Vec<RollbackKind> = a
@@ -558,7 +561,15 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                         keep_fastest(&mut plain, r);
                     } else {
                         let (_, p, rb, _) = cells[if plain_first { i - 1 } else { i }];
-                        round.push(run_workload(&model, w, &a, p, *rb, draft.clone(), &mut refs)?);
+                        round.push(run_workload(
+                            &model,
+                            w,
+                            &a,
+                            p,
+                            *rb,
+                            draft.clone(),
+                            &mut refs,
+                        )?);
                     }
                     pb.inc(1);
                 }

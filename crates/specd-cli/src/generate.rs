@@ -312,7 +312,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             n_ubatch: a.model.batch_size,
         };
         req.draft_model = Some(Arc::new(
-            Model::load(p, opts).with_context(|| format!("loading {}", p.display()))?,
+            Model::load(p, opts)
+                .with_context(|| format!("loading {}", p.display()))?
+                .share_threads(&model),
         ));
     }
     if spec.drafters.contains(&specd_spec::DrafterKind::Synthetic) {

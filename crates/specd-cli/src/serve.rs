@@ -648,7 +648,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let draft_model = match &a.spec.model_draft {
         Some(p) => {
             pb.set_message(format!("loading draft model {}", p.display()));
-            let m = Model::load(p, opts).with_context(|| format!("loading {}", p.display()))?;
+            let m = Model::load(p, opts)
+                .with_context(|| format!("loading {}", p.display()))?
+                .share_threads(&model);
             pb.inc(1);
             Some(Arc::new(m))
         }

@@ -19,6 +19,7 @@ use specd_ops::{matmul, Weight};
 use specd_tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Run-time options of a model.
 #[derive(Debug, Clone)]
@@ -60,7 +61,8 @@ pub struct Model {
     rope: Rope,
     mtp: Option<Mtp>,
     tokenizer: Tokenizer,
-    pool: rayon::ThreadPool,
+    /// Compute threads; shared with another model by [`Model::share_threads`].
+    pool: Arc<rayon::ThreadPool>,
     opts: ModelOptions,
     /// Bytes of weights (as stored in the file, or dequantised).
     weight_bytes: usize,
@@ -165,6 +167,7 @@ impl Model {
             .num_threads(n_threads)
             .thread_name(|i| format!("specd-compute-{i}"))
             .build()
+            .map(Arc::new)
             .map_err(|e| ModelError::Invalid(format!("thread pool: {e}")))?;
         let weight_bytes = g.tensors().iter().map(|t| t.n_bytes() as usize).sum();
         if opts.n_ubatch == 0 {
@@ -192,6 +195,14 @@ impl Model {
     /// The tokenizer from the file.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+    /// Runs this model on `other`'s compute threads instead of its own: a draft model and its
+    /// target never compute at once, and two pools on the same cores would compete — a rayon
+    /// worker spins for a while after its work ends before it sleeps, so each switch between
+    /// the models would briefly put twice as many busy threads as cores.
+    pub fn share_threads(mut self, other: &Model) -> Self {
+        self.pool = other.pool.clone();
+        self
     }
     /// Compute threads.
     pub fn n_threads(&self) -> usize {
