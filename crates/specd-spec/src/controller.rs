@@ -55,6 +55,9 @@ pub struct CostModel {
     /// Seconds of decodes of width w measured before any one-row step (converted to steps when
     /// the first one is).
     pending: Vec<Option<f64>>,
+    /// One-row steps since width w (index w) or a replay keeping w rows (index
+    /// `MAX_WIDTH + 1 + w`) was last measured; at [`FORGET_AFTER`] the measurement is dropped.
+    age: Vec<u32>,
     /// EMA, in steps, of a checkpoint-and-replay rollback that kept w rows (index w): restoring
     /// the state and decoding those rows again.
     replay: Vec<Option<f64>>,
@@ -76,6 +79,7 @@ impl Default for CostModel {
             units: vec![None; MAX_WIDTH + 1],
             table: Vec::new(),
             pending: vec![None; MAX_WIDTH + 1],
+            age: vec![0; 2 * (MAX_WIDTH + 1)],
             replay: vec![None; MAX_WIDTH + 1],
             checkpoint: None,
             fast_window: usize::MAX,
@@ -89,6 +93,11 @@ fn ema(old: Option<f64>, new: f64, rate: f64) -> Option<f64> {
 
 /// EMA rate of every measured cost.
 const COST_RATE: f64 = 0.2;
+/// One-row steps after which a width's (or a replay's) cost measurement is forgotten, so the
+/// width is priced from its neighbours or the prior again. A width that looks dear is not
+/// drafted, so it is never measured again: one slow sample — the first verification on a fresh
+/// server, cold — kept checkpoint mode from drafting even at full acceptance, for good.
+pub const FORGET_AFTER: u32 = 256;
 
 impl CostModel {
     /// A cost model for a memory whose fast rollback covers batches of up to `fast_window` rows
@@ -110,6 +119,7 @@ impl CostModel {
     pub fn observe_replay(&mut self, rows: usize, secs: f64) {
         if let (true, Some(u)) = (rows < self.replay.len(), self.in_steps(secs)) {
             self.replay[rows] = ema(self.replay[rows], u, COST_RATE);
+            self.age[MAX_WIDTH + 1 + rows] = 0;
         }
     }
     /// Records that taking a checkpoint took `secs`.
@@ -144,10 +154,27 @@ impl CostModel {
         if width == 1 {
             let first = self.step.is_none();
             self.step = ema(self.step, secs, COST_RATE);
+            let mut forgot = false;
+            for (i, age) in self.age.iter_mut().enumerate() {
+                let m = match i.checked_sub(MAX_WIDTH + 1) {
+                    None => &mut self.units[i],
+                    Some(r) => &mut self.replay[r],
+                };
+                if m.is_some() {
+                    *age += 1;
+                    if *age >= FORGET_AFTER {
+                        *m = None;
+                        forgot = true;
+                    }
+                }
+            }
+            if forgot {
+                self.rebuild();
+            }
             if first {
                 for w in 2..=MAX_WIDTH {
                     if let Some(p) = self.pending[w].take() {
-                        self.units[w] = self.in_steps(p);
+                        self.units[w] = self.in_steps(p).map(|u| u.min(w as f64));
                     }
                 }
                 self.rebuild();
@@ -156,7 +183,11 @@ impl CostModel {
         }
         match self.in_steps(secs) {
             Some(u) => {
+                // A batch never costs more than its rows decoded one by one: a sample above
+                // that is the host (or a cold start), not the width.
+                let u = u.min(width as f64);
                 self.units[width] = ema(self.units[width], u, COST_RATE);
+                self.age[width] = 0;
                 self.rebuild();
             }
             None => self.pending[width] = ema(self.pending[width], secs, COST_RATE),
@@ -557,6 +588,30 @@ mod tests {
         assert!(cost.cost(3) > cost.cost(2) && cost.cost(2) > cost.cost(1));
         cost.observe(1, 0.020);
         assert!((cost.cost(3) - 0.030).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_cold_sample_is_bounded_and_forgotten() {
+        // The first verification on a fresh server took ten steps. It counts as at most two
+        // (two rows one by one), and while it stands a full-acceptance controller under
+        // checkpoint rollback does not draft — so it would never be measured again.
+        let mut cost = CostModel::with_fast_window(0);
+        cost.observe(1, 0.020);
+        cost.observe(2, 0.200);
+        assert!((cost.cost(2) - 0.040).abs() < 1e-12);
+        cost.observe_checkpoint(0.004);
+        let mut c = Controller::new(4);
+        for _ in 0..20 {
+            c.shadow = Some((0, 1));
+            c.resolve_shadow(0, 1);
+        }
+        assert_eq!(c.choose(4, 0, &cost), 0);
+        // After FORGET_AFTER one-row steps the sample is gone: priced by the prior, it pays.
+        for _ in 0..FORGET_AFTER {
+            cost.observe(1, 0.020);
+        }
+        assert!((cost.cost(2) - 0.020 * (1.0 + UNMEASURED_SLOPE)).abs() < 1e-12);
+        assert!(c.choose(4, 0, &cost) > 0);
     }
 
     #[test]
