@@ -20,6 +20,7 @@
 
 Usage: python3 scripts/bench_vs_llamacpp.py -m MODEL.gguf [-t 2] [--n-gen 128]
        [--rates 0,0.25,0.5,0.75,0.9,1] [--lens 4,8,16] [--json out.json]
+       (SRV_ERR=/tmp/srv_ in the environment keeps each server's stderr in /tmp/srv_PORT.)
 """
 import argparse, atexit, json, os, socket, subprocess, sys, time, urllib.request
 
@@ -45,7 +46,8 @@ class Server:
     def __init__(self, binary, args):
         self.port = free_port()
         cmd = binary + args + ["--port", str(self.port), "--host", "127.0.0.1"]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        err = open(os.environ["SRV_ERR"] + str(self.port), "w") if os.environ.get("SRV_ERR") else subprocess.DEVNULL
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         atexit.register(self.p.kill)
         for _ in range(600):
             if self.p.poll() is not None:

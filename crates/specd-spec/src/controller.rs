@@ -63,6 +63,10 @@ pub struct CostModel {
     replay: Vec<Option<f64>>,
     /// EMA, in steps, of taking a checkpoint before a verification batch.
     checkpoint: Option<f64>,
+    /// One-row steps since a checkpoint was last measured (forgotten at [`FORGET_AFTER`]: the
+    /// first checkpoint on a fresh server allocates its buffers — ~3 steps in one sweep, which
+    /// kept checkpoint mode from drafting at full acceptance for the rest of the run).
+    checkpoint_age: u32,
     /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a replay when not
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
     /// paths, unlimited without recurrent state.
@@ -82,6 +86,7 @@ impl Default for CostModel {
             age: vec![0; 2 * (MAX_WIDTH + 1)],
             replay: vec![None; MAX_WIDTH + 1],
             checkpoint: None,
+            checkpoint_age: 0,
             fast_window: usize::MAX,
         }
     }
@@ -126,6 +131,7 @@ impl CostModel {
     pub fn observe_checkpoint(&mut self, secs: f64) {
         if let Some(u) = self.in_steps(secs) {
             self.checkpoint = ema(self.checkpoint, u, COST_RATE);
+            self.checkpoint_age = 0;
         }
     }
     /// Whether a draft of `n` tokens is verified under a checkpoint.
@@ -166,6 +172,12 @@ impl CostModel {
                         *m = None;
                         forgot = true;
                     }
+                }
+            }
+            if self.checkpoint.is_some() {
+                self.checkpoint_age += 1;
+                if self.checkpoint_age >= FORGET_AFTER {
+                    self.checkpoint = None;
                 }
             }
             if forgot {
@@ -611,6 +623,17 @@ mod tests {
             cost.observe(1, 0.020);
         }
         assert!((cost.cost(2) - 0.020 * (1.0 + UNMEASURED_SLOPE)).abs() < 1e-12);
+        assert!(c.choose(4, 0, &cost) > 0);
+        // The same for a cold first checkpoint (five steps: no draft of four pays under it).
+        cost.observe(2, 0.021);
+        cost.observe(3, 0.022);
+        cost.observe(5, 0.024);
+        cost.observe_checkpoint(0.100);
+        assert_eq!(c.choose(4, 0, &cost), 0);
+        for _ in 0..FORGET_AFTER {
+            cost.observe(1, 0.020);
+        }
+        assert_eq!(cost.checkpoint_cost(), 0.0);
         assert!(c.choose(4, 0, &cost) > 0);
     }
 
