@@ -98,10 +98,11 @@ fn ema(old: Option<f64>, new: f64, rate: f64) -> Option<f64> {
 
 /// EMA rate of every measured cost.
 const COST_RATE: f64 = 0.2;
-/// One-row steps after which a width's (or a replay's) cost measurement is forgotten, so the
-/// width is priced from its neighbours or the prior again. A width that looks dear is not
-/// drafted, so it is never measured again: one slow sample — the first verification on a fresh
-/// server, cold — kept checkpoint mode from drafting even at full acceptance, for good.
+/// One-row steps after which a width's, a replay's or the checkpoint's cost measurement is
+/// forgotten, so it is priced from its neighbours or the prior again. A cost that makes
+/// drafting look dear is never measured again (nothing is drafted): one slow sample — the first
+/// checkpoint on a fresh server, which allocates its buffers — kept checkpoint mode from drafting
+/// even at full acceptance, for good.
 pub const FORGET_AFTER: u32 = 256;
 
 impl CostModel {
