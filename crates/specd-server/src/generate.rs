@@ -229,11 +229,13 @@ struct Running {
 async fn start(st: &Arc<AppState>, prompt: Vec<u32>, g: &GenParams) -> Result<Running, ApiError> {
     let mut req = prepare(st, prompt.clone(), g)?;
     if req.spec.drafters.contains(&DrafterKind::Synthetic) {
-        let (model, r, n_ctx, st2) = (st.model.clone(), req.clone(), st.cfg.n_ctx_slot, st.clone());
-        let reference =
-            tokio::task::spawn_blocking(move || st2.references.get_or_run(model, &r, n_ctx))
-                .await
-                .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;
+        let (st2, r) = (st.clone(), req.clone());
+        let reference = tokio::task::spawn_blocking(move || {
+            st2.references
+                .get_or_run(st2.model.clone(), &r, st2.cfg.n_ctx_slot)
+        })
+        .await
+        .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;
         req.reference = Some(reference);
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
