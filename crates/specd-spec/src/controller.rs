@@ -63,6 +63,12 @@ pub struct CostModel {
     replay: Vec<Option<f64>>,
     /// EMA, in steps, of taking a checkpoint before a verification batch.
     checkpoint: Option<f64>,
+    /// EMA, in steps per kept row, of a fast rollback (the recurrence replayed over the kept
+    /// rows, or a snapshot copied): small, but a verified draft that is not wholly accepted
+    /// pays it, and it grows with the rows kept.
+    fast_per_row: Option<f64>,
+    /// One-row steps since a fast rollback was last measured (forgotten at [`FORGET_AFTER`]).
+    fast_age: u32,
     /// One-row steps since a checkpoint was last measured (forgotten at [`FORGET_AFTER`]: the
     /// first checkpoint on a fresh server allocates its buffers — ~3 steps in one sweep, which
     /// kept checkpoint mode from drafting at full acceptance for the rest of the run).
@@ -87,6 +93,8 @@ impl Default for CostModel {
             replay: vec![None; MAX_WIDTH + 1],
             checkpoint: None,
             checkpoint_age: 0,
+            fast_per_row: None,
+            fast_age: 0,
             fast_window: usize::MAX,
         }
     }
@@ -127,6 +135,17 @@ impl CostModel {
             self.replay[rows] = ema(self.replay[rows], u, COST_RATE);
             self.age[MAX_WIDTH + 1 + rows] = 0;
         }
+    }
+    /// Records a fast rollback (no model replay) that kept `rows` rows and took `secs`.
+    pub fn observe_fast_rollback(&mut self, rows: usize, secs: f64) {
+        if let (true, Some(u)) = (rows > 0, self.in_steps(secs)) {
+            self.fast_per_row = ema(self.fast_per_row, u / rows as f64, COST_RATE);
+            self.fast_age = 0;
+        }
+    }
+    /// Estimated seconds of a fast rollback keeping `rows` rows (0 until measured).
+    fn fast_rollback_cost(&self, rows: usize) -> f64 {
+        self.fast_per_row.unwrap_or(0.0) * rows as f64 * self.cost(1)
     }
     /// Records that taking a checkpoint took `secs`.
     pub fn observe_checkpoint(&mut self, secs: f64) {
@@ -175,10 +194,15 @@ impl CostModel {
                     }
                 }
             }
-            if self.checkpoint.is_some() {
-                self.checkpoint_age += 1;
-                if self.checkpoint_age >= FORGET_AFTER {
-                    self.checkpoint = None;
+            for (m, age) in [
+                (&mut self.checkpoint, &mut self.checkpoint_age),
+                (&mut self.fast_per_row, &mut self.fast_age),
+            ] {
+                if m.is_some() {
+                    *age += 1;
+                    if *age >= FORGET_AFTER {
+                        *m = None;
+                    }
                 }
             }
             if forgot {
@@ -485,19 +509,23 @@ impl Controller {
     ) -> usize {
         let mut best = (0usize, 1.0 / cost.cost(1));
         let (mut e, mut p) = (1.0, 1.0);
-        // Expected replay time if this draft ends at n: Σ_{k<n} P(exactly k accepted)·replay(k+1).
-        let mut replay = 0.0;
+        // Expected rollback time if this draft ends at n: Σ_{k<n} P(exactly k accepted)·r(k+1),
+        // r the checkpoint replay or the fast rollback keeping k + 1 rows.
+        let (mut replay, mut fast) = (0.0, 0.0);
         for n in 1..=available.min(self.accept.len()) {
             let before = p;
             p *= acc(n - 1);
             e += p;
             replay += (before - p) * cost.replay_cost(n);
+            fast += (before - p) * cost.fast_rollback_cost(n);
             if n < n_min.max(1) {
                 continue;
             }
             let mut t = cost.cost(n + 1) + n as f64 * draft_secs;
             if cost.needs_checkpoint(n) {
                 t += cost.checkpoint_cost() + replay;
+            } else {
+                t += fast;
             }
             let rate = e / t;
             // Drafting must beat plain decoding by a margin: at break-even the per-round costs
@@ -664,6 +692,27 @@ mod tests {
             c.observe(8, 8);
         }
         assert!(c.choose(8, 0, &ckpt) >= 6);
+    }
+
+    #[test]
+    fn fast_rollback_is_priced_per_kept_row() {
+        // 2 rows cost 1.1 steps: at 50 % acceptance a one-token draft pays (1.5 tokens for
+        // 1.1 steps) while rolling back is free…
+        let mut cost = linear_cost(9, 0.020, 0.1);
+        let mut c = Controller::new(8);
+        for _ in 0..50 {
+            c.observe(1, 1);
+            c.observe(1, 0);
+        }
+        assert!(c.choose(8, 0, &cost) >= 1);
+        // …not when a rollback costs a step per kept row: half the rounds pay it.
+        cost.observe_fast_rollback(1, 0.020);
+        assert_eq!(c.choose(8, 0, &cost), 0);
+        // A measurement not renewed is forgotten like the others.
+        for _ in 0..FORGET_AFTER {
+            cost.observe(1, 0.020);
+        }
+        assert!(c.choose(8, 0, &cost) >= 1);
     }
 
     #[test]

@@ -739,7 +739,11 @@ impl Engine {
         // Fed rows: last, d1..dn. Accepted in memory: last, d1..dk.
         let mut fed = vec![s.tokens[p]];
         fed.extend_from_slice(draft);
-        let (replays_before, t_rb) = (s.stats.rollbacks_checkpoint, Instant::now());
+        let (replays_before, fast_before, t_rb) = (
+            s.stats.rollbacks_checkpoint,
+            s.stats.rollbacks_fast,
+            Instant::now(),
+        );
         let rolled = rollback_rejected(
             &self.model,
             &mut self.mem,
@@ -753,6 +757,9 @@ impl Engine {
         if s.stats.rollbacks_checkpoint > replays_before {
             self.cost
                 .observe_replay(k + 1, t_rb.elapsed().as_secs_f64());
+        } else if s.stats.rollbacks_fast > fast_before {
+            self.cost
+                .observe_fast_rollback(k + 1, t_rb.elapsed().as_secs_f64());
         }
         if let Err(e) = rolled {
             let msg = e.to_string();

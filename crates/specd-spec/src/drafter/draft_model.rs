@@ -122,7 +122,11 @@ impl Drafter for DraftModel {
         if n_fed_drafts > 0 {
             match cp {
                 Some(id) => self.mem.restore(SEQ, id)?,
-                None => self.mem.rollback(SEQ, n_fed_drafts)?,
+                // On the model's threads (see `rollback_rejected`).
+                None => {
+                    let mem = &mut self.mem;
+                    self.model.install(|| mem.rollback(SEQ, n_fed_drafts))?
+                }
             }
         }
         if let Some(id) = cp {
