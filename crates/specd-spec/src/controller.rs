@@ -69,6 +69,15 @@ pub struct CostModel {
     fast_per_row: Option<f64>,
     /// One-row steps since a fast rollback was last measured (forgotten at [`FORGET_AFTER`]).
     fast_age: u32,
+    /// Samples behind each width's estimate (index w, capped at [`MAX_WEIGHT`]): its weight
+    /// when the widths are made monotone.
+    count: Vec<u8>,
+    /// Whether the first sample of each kind was seen and dropped (widths at index w, replays
+    /// at `MAX_WIDTH + 1 + rows`, then the checkpoint and the fast rollback): the first decode
+    /// of a width in a process allocates and faults in its buffers. One such sample priced two
+    /// rows at 2 steps — and every wider batch at a step per row more — and a request at 50 %
+    /// acceptance on a fresh process drafted nothing in 256 rounds.
+    warm: Vec<bool>,
     /// One-row steps since a checkpoint was last measured (forgotten at [`FORGET_AFTER`]: the
     /// first checkpoint on a fresh server allocates its buffers — ~3 steps in one sweep, which
     /// kept checkpoint mode from drafting at full acceptance for the rest of the run).
@@ -95,6 +104,8 @@ impl Default for CostModel {
             checkpoint_age: 0,
             fast_per_row: None,
             fast_age: 0,
+            count: vec![0; MAX_WIDTH + 1],
+            warm: vec![false; 2 * (MAX_WIDTH + 1) + 2],
             fast_window: usize::MAX,
         }
     }
@@ -106,6 +117,12 @@ fn ema(old: Option<f64>, new: f64, rate: f64) -> Option<f64> {
 
 /// EMA rate of every measured cost.
 const COST_RATE: f64 = 0.2;
+/// Most weight one width's estimate gets when the widths are made monotone (about the samples
+/// an EMA of rate [`COST_RATE`] remembers).
+const MAX_WEIGHT: u8 = 5;
+/// Index in [`CostModel::warm`] of the checkpoint's and the fast rollback's first samples.
+const WARM_CHECKPOINT: usize = 2 * (MAX_WIDTH + 1);
+const WARM_FAST: usize = WARM_CHECKPOINT + 1;
 /// One-row steps after which a width's, a replay's or the checkpoint's cost measurement is
 /// forgotten, so it is priced from its neighbours or the prior again. A cost that makes
 /// drafting look dear is never measured again (nothing is drafted): one slow sample — the first
@@ -122,6 +139,10 @@ impl CostModel {
             ..Default::default()
         }
     }
+    /// Marks the first sample of kind `i` as seen; true if this is it (to be dropped).
+    fn cold(&mut self, i: usize) -> bool {
+        !std::mem::replace(&mut self.warm[i], true)
+    }
     /// `secs` in steps of the current estimate (None before the first one-row step).
     fn in_steps(&self, secs: f64) -> Option<f64> {
         if !secs.is_finite() || secs < 0.0 {
@@ -132,6 +153,9 @@ impl CostModel {
     /// Records a checkpoint-and-replay rollback that kept `rows` rows and took `secs`.
     pub fn observe_replay(&mut self, rows: usize, secs: f64) {
         if let (true, Some(u)) = (rows < self.replay.len(), self.in_steps(secs)) {
+            if self.cold(MAX_WIDTH + 1 + rows) {
+                return;
+            }
             self.replay[rows] = ema(self.replay[rows], u, COST_RATE);
             self.age[MAX_WIDTH + 1 + rows] = 0;
         }
@@ -139,6 +163,9 @@ impl CostModel {
     /// Records a fast rollback (no model replay) that kept `rows` rows and took `secs`.
     pub fn observe_fast_rollback(&mut self, rows: usize, secs: f64) {
         if let (true, Some(u)) = (rows > 0, self.in_steps(secs)) {
+            if self.cold(WARM_FAST) {
+                return;
+            }
             self.fast_per_row = ema(self.fast_per_row, u / rows as f64, COST_RATE);
             self.fast_age = 0;
         }
@@ -150,6 +177,9 @@ impl CostModel {
     /// Records that taking a checkpoint took `secs`.
     pub fn observe_checkpoint(&mut self, secs: f64) {
         if let Some(u) = self.in_steps(secs) {
+            if self.cold(WARM_CHECKPOINT) {
+                return;
+            }
             self.checkpoint = ema(self.checkpoint, u, COST_RATE);
             self.checkpoint_age = 0;
         }
@@ -191,6 +221,9 @@ impl CostModel {
                     if *age >= FORGET_AFTER {
                         *m = None;
                         forgot = true;
+                        if i <= MAX_WIDTH {
+                            self.count[i] = 0;
+                        }
                     }
                 }
             }
@@ -212,10 +245,14 @@ impl CostModel {
                 for w in 2..=MAX_WIDTH {
                     if let Some(p) = self.pending[w].take() {
                         self.units[w] = self.in_steps(p).map(|u| u.min(w as f64));
+                        self.count[w] = 1;
                     }
                 }
                 self.rebuild();
             }
+            return;
+        }
+        if self.cold(width) {
             return;
         }
         match self.in_steps(secs) {
@@ -224,6 +261,7 @@ impl CostModel {
                 // that is the host (or a cold start), not the width.
                 let u = u.min(width as f64);
                 self.units[width] = ema(self.units[width], u, COST_RATE);
+                self.count[width] = (self.count[width] + 1).min(MAX_WEIGHT);
                 self.age[width] = 0;
                 self.rebuild();
             }
@@ -236,14 +274,43 @@ impl CostModel {
         self.table = (0..=MAX_WIDTH).map(|w| units_of(&m, w.max(1))).collect();
     }
     /// Measured widths as `(width, steps)`, each at least [`MIN_SLOPE`] of a step per extra row
-    /// above every narrower one: a batch never costs less than a narrower one (every row is
+    /// above the narrower ones: a batch never costs less than a narrower one (every row is
     /// sampled, at least), whatever a burst of the host made one sample say.
+    ///
+    /// Made monotone by weighted isotonic regression (pool adjacent violators) of
+    /// `u − MIN_SLOPE·(w − 1)`, each width weighted by its samples and the one-row step fixed
+    /// at 1: widths that disagree are averaged. A running maximum instead let one high sample
+    /// of a width the controller then stopped using (two rows, early in a request) floor every
+    /// wider batch for good.
     fn measured(&self) -> Vec<(usize, f64)> {
-        let mut out = vec![(1, 1.0)];
+        let slope = |w: usize| MIN_SLOPE * (w - 1) as f64;
+        // Blocks of pooled widths: (Σ weight·v, Σ weight, widths). The first holds the
+        // one-row step, whose value stays exactly 1 (it is the unit).
+        let mut blocks: Vec<(f64, f64, Vec<usize>)> = vec![(1.0, 1.0, vec![1])];
+        let mean = |b: &(f64, f64, Vec<usize>)| b.0 / b.1;
         for (w, u) in self.units.iter().enumerate().skip(2) {
-            if let Some(u) = *u {
-                let &(wp, up) = out.last().unwrap_or(&(1, 1.0));
-                out.push((w, u.max(up + MIN_SLOPE * (w - wp) as f64)));
+            let Some(u) = *u else { continue };
+            let wt = f64::from(self.count[w].max(1));
+            blocks.push((wt * (u - slope(w)), wt, vec![w]));
+            while blocks.len() >= 2
+                && mean(&blocks[blocks.len() - 2]) > mean(&blocks[blocks.len() - 1])
+            {
+                let Some((s, wt, ws)) = blocks.pop() else {
+                    break;
+                };
+                let anchor = blocks.len() == 1;
+                let Some(prev) = blocks.last_mut() else { break };
+                if !anchor {
+                    prev.0 += s;
+                    prev.1 += wt;
+                }
+                prev.2.extend(ws);
+            }
+        }
+        let mut out = Vec::new();
+        for (s, wt, ws) in blocks {
+            for w in ws {
+                out.push((w, s / wt + slope(w)));
             }
         }
         out
@@ -547,9 +614,17 @@ impl Controller {
 mod tests {
     use super::*;
 
+    impl CostModel {
+        /// As if every kind of cost had had its cold first sample dropped already.
+        fn warmed(mut self) -> Self {
+            self.warm.fill(true);
+            self
+        }
+    }
+
     /// Widths 1..=max_width measured at `step` seconds for one row, `step·slope` more per row.
     fn linear_cost(max_width: usize, step: f64, slope: f64) -> CostModel {
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         for w in 1..=max_width {
             cost.observe(w, step * (1.0 + slope * (w as f64 - 1.0)));
         }
@@ -573,7 +648,7 @@ mod tests {
 
     #[test]
     fn wider_batches_extend_the_measured_slope() {
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         cost.observe(1, 0.020);
         // One width known: the prior slope (0.2 of it per row).
         assert!((cost.cost(5) - 0.020 * 1.8).abs() < 1e-12);
@@ -588,7 +663,7 @@ mod tests {
         assert!(cost.cost(10) > 0.031 + 4.0 * MIN_SLOPE * 0.031 - 1e-12);
         // At full acceptance the extension lets a controller that has only seen 4-token drafts
         // go longer: with the prior slope it would stay at 4.
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         cost.observe(1, 0.022);
         cost.observe(5, 0.034);
         let mut c = Controller::new(8);
@@ -602,7 +677,7 @@ mod tests {
     fn widths_are_priced_in_steps_of_their_moment() {
         // Two rows measured at 1.1 steps while a step took 20 ms; then the host slows to 40 ms
         // a step and two rows are not measured again: they still cost 1.1 steps, not 22 ms.
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         cost.observe(1, 0.020);
         cost.observe(2, 0.022);
         for _ in 0..50 {
@@ -610,7 +685,7 @@ mod tests {
         }
         assert!((cost.cost(2) / cost.cost(1) - 1.1).abs() < 1e-9);
         // A sample from a fast burst cannot make a wider batch cheaper than a narrower one…
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         cost.observe(1, 0.040);
         cost.observe(2, 0.020);
         cost.observe(3, 0.050);
@@ -624,7 +699,7 @@ mod tests {
         }
         assert_eq!(c.choose(4, 0, &cost), 0);
         // Widths measured before the first one-row step are converted once it is known.
-        let mut cost = CostModel::default();
+        let mut cost = CostModel::default().warmed();
         cost.observe(3, 0.030);
         assert!(cost.cost(3) > cost.cost(2) && cost.cost(2) > cost.cost(1));
         cost.observe(1, 0.020);
@@ -636,7 +711,7 @@ mod tests {
         // The first verification on a fresh server took ten steps. It counts as at most two
         // (two rows one by one), and while it stands a full-acceptance controller under
         // checkpoint rollback does not draft — so it would never be measured again.
-        let mut cost = CostModel::with_fast_window(0);
+        let mut cost = CostModel::with_fast_window(0).warmed();
         cost.observe(1, 0.020);
         cost.observe(2, 0.200);
         assert!((cost.cost(2) - 0.040).abs() < 1e-12);
@@ -670,7 +745,7 @@ mod tests {
     fn replay_rollback_is_counted() {
         // This host's shape: 2 rows cost 1.1 steps, 3 rows 1.2; a replay costs about a step.
         let fast = linear_cost(9, 0.022, 0.1);
-        let mut ckpt = CostModel::with_fast_window(0);
+        let mut ckpt = CostModel::with_fast_window(0).warmed();
         for w in 1..=9 {
             ckpt.observe(w, 0.022 * (1.0 + 0.1 * (w as f64 - 1.0)));
             ckpt.observe_replay(w, 0.020 * (1.0 + 0.1 * (w as f64 - 1.0)));
@@ -692,6 +767,47 @@ mod tests {
             c.observe(8, 8);
         }
         assert!(c.choose(8, 0, &ckpt) >= 6);
+    }
+
+    #[test]
+    fn the_first_sample_of_each_cost_is_dropped() {
+        // A fresh process: the first 2-row decode faults its buffers in and takes two steps.
+        let mut cost = CostModel::default();
+        cost.observe(1, 0.020);
+        cost.observe(2, 0.040);
+        assert!((cost.cost(2) / cost.cost(1) - (1.0 + UNMEASURED_SLOPE)).abs() < 1e-9);
+        cost.observe(2, 0.021);
+        assert!((cost.cost(2) / cost.cost(1) - 1.05).abs() < 1e-9);
+        // The same for the checkpoint and the fast rollback.
+        cost.observe_checkpoint(0.060);
+        assert_eq!(cost.checkpoint_cost(), 0.0);
+        cost.observe_checkpoint(0.002);
+        assert!((cost.checkpoint_cost() - 0.002).abs() < 1e-9);
+        cost.observe_fast_rollback(1, 0.020);
+        assert_eq!(cost.fast_rollback_cost(1), 0.0);
+        cost.observe_fast_rollback(2, 0.001);
+        assert!((cost.fast_rollback_cost(2) - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn widths_that_disagree_are_pooled_by_their_samples() {
+        // Two rows once measured high (1.4 steps) and not used since; four rows measured five
+        // times at 1.2. A running maximum priced four rows at 1.44 steps for good.
+        let mut cost = CostModel::default().warmed();
+        cost.observe(1, 0.020);
+        cost.observe(2, 0.028);
+        for _ in 0..5 {
+            cost.observe(4, 0.024);
+        }
+        let (c2, c4) = (cost.cost(2) / cost.cost(1), cost.cost(4) / cost.cost(1));
+        assert!(c4 < 1.3, "{c4}");
+        assert!(c2 < c4 && c2 > 1.0, "{c2}");
+        // Agreeing widths are left as measured.
+        cost.observe(2, 0.021);
+        for _ in 0..10 {
+            cost.observe(2, 0.021);
+        }
+        assert!((cost.cost(4) / cost.cost(1) - 1.2).abs() < 1e-6);
     }
 
     #[test]
@@ -725,7 +841,7 @@ mod tests {
 
     #[test]
     fn starts_short_and_stops_after_a_few_misses() {
-        let cost = CostModel::default();
+        let cost = CostModel::default().warmed();
         let mut c = Controller::new(8);
         let first = c.choose(8, 0, &cost);
         assert!((1..=2).contains(&first), "first round drafts {first}");
