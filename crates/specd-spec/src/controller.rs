@@ -11,7 +11,8 @@
 //!
 //! When the draft is verified under a checkpoint (checkpoint rollback, or a draft longer than the
 //! fast path's window), `time(n)` also counts the measured checkpoint time and the expected
-//! replay: Σ_{k<n} P(exactly k accepted)·replay(k+1).
+//! replay: Σ_{k<n} P(exactly k accepted)·replay(k+1); otherwise the expected fast rollback, the
+//! same sum over its measured cost per kept row.
 //!
 //! It starts pessimistic, because a request that ends before the estimates settle must not have
 //! paid for optimism: every position's prior is [`PRIOR`] (so the first round drafts one or two
