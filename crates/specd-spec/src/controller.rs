@@ -121,6 +121,11 @@ const COST_RATE: f64 = 0.2;
 /// Most weight one width's estimate gets when the widths are made monotone (about the samples
 /// an EMA of rate [`COST_RATE`] remembers).
 const MAX_WEIGHT: u8 = 5;
+/// Samples below which a width's estimate is forgotten after [`FORGET_FEW_AFTER`] one-row
+/// steps instead of [`FORGET_AFTER`].
+const FEW_SAMPLES: u8 = 3;
+/// One-row steps after which a width measured fewer than [`FEW_SAMPLES`] times is forgotten.
+pub const FORGET_FEW_AFTER: u32 = 32;
 /// Index in [`CostModel::warm`] of the checkpoint's and the fast rollback's first samples.
 const WARM_CHECKPOINT: usize = 2 * (MAX_WIDTH + 1);
 const WARM_FAST: usize = WARM_CHECKPOINT + 1;
@@ -219,7 +224,11 @@ impl CostModel {
                 };
                 if m.is_some() {
                     *age += 1;
-                    if *age >= FORGET_AFTER {
+                    // A width known from one or two samples is re-priced sooner: a second
+                    // cold sample (2 steps for two rows) stopped a fresh server's first request
+                    // from drafting for all its 128 tokens.
+                    let few = i <= MAX_WIDTH && self.count[i] < FEW_SAMPLES;
+                    if *age >= if few { FORGET_FEW_AFTER } else { FORGET_AFTER } {
                         *m = None;
                         forgot = true;
                         if i <= MAX_WIDTH {
@@ -680,7 +689,9 @@ mod tests {
         // a step and two rows are not measured again: they still cost 1.1 steps, not 22 ms.
         let mut cost = CostModel::default().warmed();
         cost.observe(1, 0.020);
-        cost.observe(2, 0.022);
+        for _ in 0..FEW_SAMPLES {
+            cost.observe(2, 0.022);
+        }
         for _ in 0..50 {
             cost.observe(1, 0.040);
         }
@@ -788,6 +799,24 @@ mod tests {
         assert_eq!(cost.fast_rollback_cost(1), 0.0);
         cost.observe_fast_rollback(2, 0.001);
         assert!((cost.fast_rollback_cost(2) - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_width_seen_once_or_twice_is_repriced_sooner() {
+        let mut cost = CostModel::default().warmed();
+        cost.observe(1, 0.020);
+        cost.observe(2, 0.040); // a slow sample: two rows at two steps
+        cost.observe(4, 0.024);
+        for _ in 0..3 {
+            cost.observe(4, 0.024);
+        }
+        for _ in 0..FORGET_FEW_AFTER {
+            cost.observe(1, 0.020);
+        }
+        // Two rows are priced from their neighbours again; four rows (four samples) are kept.
+        let c2 = cost.cost(2) / cost.cost(1);
+        assert!(c2 < 1.2, "{c2}");
+        assert!((cost.cost(4) / cost.cost(1) - 1.2).abs() < 1e-6);
     }
 
     #[test]
