@@ -6,7 +6,7 @@ use crate::drafter::ngram::{ModTable, NgramCache, NgramMapK, NgramMapK4v, NgramM
 use crate::drafter::synthetic::Synthetic;
 use crate::drafter::{Chain, DraftDist, DraftSampling, Drafter};
 use crate::params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
-use crate::rollback::rollback_rejected;
+use crate::rollback::{rollback_rejected, RolledBack};
 use crate::stats::SpecStats;
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
@@ -739,11 +739,7 @@ impl Engine {
         // Fed rows: last, d1..dn. Accepted in memory: last, d1..dk.
         let mut fed = vec![s.tokens[p]];
         fed.extend_from_slice(draft);
-        let (replays_before, fast_before, t_rb) = (
-            s.stats.rollbacks_checkpoint,
-            s.stats.rollbacks_fast,
-            Instant::now(),
-        );
+        let t_rb = Instant::now();
         let rolled = rollback_rejected(
             &self.model,
             &mut self.mem,
@@ -754,17 +750,16 @@ impl Engine {
             cp,
             &mut s.stats,
         );
-        if s.stats.rollbacks_checkpoint > replays_before {
-            self.cost
-                .observe_replay(k + 1, t_rb.elapsed().as_secs_f64());
-        } else if s.stats.rollbacks_fast > fast_before {
-            self.cost
-                .observe_fast_rollback(k + 1, t_rb.elapsed().as_secs_f64());
-        }
-        if let Err(e) = rolled {
-            let msg = e.to_string();
-            self.fail(id, msg, events);
-            return;
+        let secs = t_rb.elapsed().as_secs_f64();
+        match rolled {
+            Ok(RolledBack::Replay) => self.cost.observe_replay(k + 1, secs),
+            Ok(RolledBack::Fast) => self.cost.observe_fast_rollback(k + 1, secs),
+            Ok(RolledBack::Nothing) => {}
+            Err(e) => {
+                let msg = e.to_string();
+                self.fail(id, msg, events);
+                return;
+            }
         }
         let h = self.model.config().n_embd;
         if let Some(kept) = hidden.get(..(k + 1) * h) {

@@ -10,6 +10,17 @@ use crate::SpecError;
 use specd_memory::{CheckpointId, Memory, SeqId};
 use specd_models::{Batch, Model};
 
+/// How the rejected rows were taken out (for the controller's cost model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolledBack {
+    /// Nothing was rejected.
+    Nothing,
+    /// Fast path: no model replay.
+    Fast,
+    /// Checkpoint restored and the kept rows decoded again.
+    Replay,
+}
+
 #[allow(clippy::too_many_arguments)] // each argument is one piece of the round's state
 /// After verifying `fed` tokens (starting at position `start`) of which the first `keep` are
 /// accepted, removes the rest. `checkpoint` is the state at `start` if one was taken.
@@ -22,8 +33,9 @@ pub fn rollback_rejected(
     keep: usize,
     checkpoint: Option<CheckpointId>,
     stats: &mut SpecStats,
-) -> Result<(), SpecError> {
+) -> Result<RolledBack, SpecError> {
     let reject = fed.len() - keep;
+    let mut done = RolledBack::Nothing;
     if reject > 0 {
         let fast = if checkpoint.is_none() {
             // The replayed recurrence is parallel over heads: run it on the model's threads.
@@ -36,6 +48,7 @@ pub fn rollback_rejected(
         };
         if fast {
             stats.rollbacks_fast += 1;
+            done = RolledBack::Fast;
         } else {
             let Some(id) = checkpoint else {
                 // No checkpoint and no fast path: only possible if the fast path was expected
@@ -55,10 +68,11 @@ pub fn rollback_rejected(
             }
             stats.rollbacks_checkpoint += 1;
             stats.replayed_tokens += keep as u64;
+            done = RolledBack::Replay;
         }
     }
     if let Some(id) = checkpoint {
         mem.drop_checkpoint(id);
     }
-    Ok(())
+    Ok(done)
 }
