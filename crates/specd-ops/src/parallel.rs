@@ -15,6 +15,16 @@ impl<T> SyncPtr<T> {
     pub unsafe fn write(self, i: usize, v: T) {
         unsafe { self.0.add(i).write(v) }
     }
+    /// The pointer `n` elements on (through a method, so that closures capture the `Sync`
+    /// wrapper and not the raw pointer).
+    ///
+    /// # Safety
+    /// The offset must stay inside the allocation.
+    #[inline]
+    pub unsafe fn add(self, n: usize) -> *mut T {
+        unsafe { self.0.add(n) }
+    }
+
     /// # Safety
     /// Same contract as [`SyncPtr::write`]; the returned slice must not overlap another thread's.
     #[inline]

@@ -111,6 +111,87 @@ unsafe fn axpy_avx2(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += Σ_s w[s]·x_s` over rows `x_s = x[s·stride..][..y.len()]`, accumulated per element in
+/// row order with fused multiply-adds (the scalar path uses `mul_add`, so both round alike).
+///
+/// Attention's value pass: `y` (a slice of the output) is held in registers while the rows
+/// stream past, instead of being loaded and stored once per row, which made the value pass the
+/// largest cost of an extra verification row on long contexts. The order per element is fixed
+/// (row order), so how the caller blocks rows or outputs never changes the result.
+#[inline]
+pub fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    let n = y.len();
+    if w.is_empty() {
+        return;
+    }
+    assert!(
+        (w.len() - 1) * stride + n <= x.len(),
+        "axpy_rows: {} rows of {n} at stride {stride} exceed {} values",
+        w.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::has_avx2() {
+        // SAFETY: features checked; every row read is in bounds (asserted above).
+        unsafe { axpy_rows_avx2(w, x, stride, y) };
+        return;
+    }
+    for (s, &ws) in w.iter().enumerate() {
+        let row = &x[s * stride..][..n];
+        for (yv, &xv) in y.iter_mut().zip(row) {
+            *yv = ws.mul_add(xv, *yv);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_rows_avx2(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    unsafe {
+        let n = y.len();
+        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+        let mut d = 0;
+        // Eight independent accumulator chains: enough to keep both FMA pipes busy.
+        while d + 64 <= n {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(py.add(d + 8 * j));
+            }
+            for (s, &ws) in w.iter().enumerate() {
+                let e = _mm256_set1_ps(ws);
+                let row = px.add(s * stride + d);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(e, _mm256_loadu_ps(row.add(8 * j)), *a);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(py.add(d + 8 * j), *a);
+            }
+            d += 64;
+        }
+        while d + 8 <= n {
+            let mut a = _mm256_loadu_ps(py.add(d));
+            for (s, &ws) in w.iter().enumerate() {
+                a = _mm256_fmadd_ps(
+                    _mm256_set1_ps(ws),
+                    _mm256_loadu_ps(px.add(s * stride + d)),
+                    a,
+                );
+            }
+            _mm256_storeu_ps(py.add(d), a);
+            d += 8;
+        }
+        while d < n {
+            let mut a = *py.add(d);
+            for (s, &ws) in w.iter().enumerate() {
+                a = ws.mul_add(*px.add(s * stride + d), a);
+            }
+            *py.add(d) = a;
+            d += 1;
+        }
+    }
+}
+
 /// `y *= a`.
 #[inline]
 pub fn scale(a: f32, y: &mut [f32]) {
@@ -126,8 +207,10 @@ pub fn scale(a: f32, y: &mut [f32]) {
 /// which for decode is the largest memory stream after the weights.
 ///
 /// Rounding is the same as [`dot`] plus separate multiply and add, so the SIMD and scalar paths
-/// of one machine agree with the unfused form; every decode path calls this one function, which
-/// is what keeps single-token and batched recurrences bit-identical.
+/// of one machine agree with the unfused form. Every path of the recurrence runs through
+/// `delta_net::gated_delta_rule`, which uses this function or its AVX-512 row kernel (same
+/// arithmetic, tested to agree bit for bit): that is what keeps single-token and batched
+/// recurrences, and the rollback's replay, bit-identical.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn delta_head_step(
@@ -302,6 +385,29 @@ mod tests {
         axpy(0.3, &x, &mut y);
         let want: Vec<f32> = y0.iter().zip(&x).map(|(&y, &x)| y + 0.3 * x).collect();
         assert_eq!(y, want);
+    }
+
+    #[test]
+    fn axpy_rows_matches_fused_scalar_loop_in_row_order() {
+        // Lengths that exercise the 64-, 8- and 1-wide parts; rows at a stride wider than `y`.
+        for n in [1, 7, 8, 63, 64, 72, 200, 256] {
+            let stride = n + 5;
+            let rows = 9;
+            let x: Vec<f32> = (0..(rows - 1) * stride + n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                .collect();
+            let w: Vec<f32> = (0..rows).map(|s| (s as f32 - 3.5) / 2.3).collect();
+            let y0: Vec<f32> = (0..n).map(|i| (i % 13) as f32 / 7.0).collect();
+            let mut y = y0.clone();
+            axpy_rows(&w, &x, stride, &mut y);
+            for d in 0..n {
+                let mut want = y0[d];
+                for (s, &ws) in w.iter().enumerate() {
+                    want = ws.mul_add(x[s * stride + d], want);
+                }
+                assert_eq!(y[d].to_bits(), want.to_bits(), "n {n}, element {d}");
+            }
+        }
     }
 
     #[test]

@@ -228,6 +228,66 @@ fn attention_row_is_independent_of_other_rows() {
     }
 }
 
+/// A prefill-sized batch is cut into work units (KV head × chunk of queries, chunk boundaries
+/// inside a row's GQA group); whatever the split — thread count, batch size — every row must
+/// come out as when it is decoded alone.
+#[test]
+fn attention_is_independent_of_work_split() {
+    let shape = AttnShape {
+        n_head: 8,
+        n_kv: 2,
+        d_head: 24,
+    };
+    let (depth, t_len) = (11, 37);
+    let n_pos = depth + t_len;
+    let kv_row = shape.n_kv * shape.d_head;
+    let q_row = shape.n_head * shape.d_head;
+    let mut r = lcg(17);
+    let kc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
+    let vc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
+    let q: Vec<f32> = (0..t_len * q_row).map(|_| 4.0 * r()).collect();
+    let positions: Vec<u32> = (depth..n_pos).map(|p| p as u32).collect();
+    let alone: Vec<Vec<f32>> = (0..t_len)
+        .map(|t| {
+            let mut one = vec![0f32; q_row];
+            attention(
+                &q[t * q_row..(t + 1) * q_row],
+                &positions[t..t + 1],
+                &kc,
+                &vc,
+                shape,
+                0.2,
+                &mut one,
+            );
+            one
+        })
+        .collect();
+    for threads in [1, 2, 3, 7] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("thread pool");
+        for &(a, b) in &[(0, t_len), (3, 4), (5, 9), (20, t_len)] {
+            let mut all = vec![0f32; (b - a) * q_row];
+            pool.install(|| {
+                attention(
+                    &q[a * q_row..b * q_row],
+                    &positions[a..b],
+                    &kc,
+                    &vc,
+                    shape,
+                    0.2,
+                    &mut all,
+                )
+            });
+            for t in a..b {
+                let got = &all[(t - a) * q_row..(t - a + 1) * q_row];
+                assert_eq!(got, &alone[t][..], "row {t} of {a}..{b}, {threads} threads");
+            }
+        }
+    }
+}
+
 #[test]
 fn delta_rule_batch_equals_token_by_token() {
     let shape = GdnShape {

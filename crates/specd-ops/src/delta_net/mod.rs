@@ -1,8 +1,14 @@
 //! The gated delta rule (Gated DeltaNet recurrence), token by token.
 //!
 //! Used for single-token decode, verification batches, prefill *and* the fast rollback (which
-//! replays this recurrence over cached per-token inputs): one implementation means the replayed
-//! state is bit-identical to the state a plain decode would have produced.
+//! replays this recurrence over cached per-token inputs): one entry point, [`gated_delta_rule`],
+//! means the replayed state is bit-identical to the state a plain decode would have produced.
+//! Two kernels sit behind it — token by token (`vec::delta_head_step`) and, on AVX-512, rows
+//! held in registers across a run of tokens ([`avx512`]) — doing the same arithmetic in the same
+//! order, which a unit test checks bit for bit.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use crate::parallel::SyncPtr;
 use crate::vec::delta_head_step;
@@ -61,6 +67,23 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    let registers = crate::isa() >= crate::Isa::Avx512Vnni;
+    #[cfg(not(target_arch = "x86_64"))]
+    let registers = false;
+    run(shape, state_in, state_out, inp, out, snapshots, registers);
+}
+
+/// [`gated_delta_rule`], with the row-in-registers kernel allowed or not (tests compare both).
+fn run(
+    shape: GdnShape,
+    state_in: &[f32],
+    state_out: &mut [f32],
+    inp: GdnInputs<'_>,
+    out: &mut [f32],
+    snapshots: Option<(&mut [f32], usize)>,
+    registers: bool,
+) {
     let GdnShape {
         n_k, n_v, d_k, d_v, ..
     } = shape;
@@ -69,8 +92,29 @@ pub fn gated_delta_rule(
     let want_out = !out.is_empty();
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let snap_first = snapshots.as_ref().map_or(0, |s| s.1);
+    assert!(
+        snapshots
+            .as_ref()
+            .is_none_or(|s| s.0.len() >= t_len.saturating_sub(s.1) * shape.state_len()),
+        "gated_delta_rule: snapshot buffer too small"
+    );
     let snap_ptr = snapshots.map(|s| SyncPtr(s.0.as_mut_ptr()));
     let state_len = shape.state_len();
+    assert!(
+        inp.q.len() >= t_len * n_k * d_k
+            && inp.k.len() >= t_len * n_k * d_k
+            && inp.v.len() >= t_len * n_v * d_v
+            && inp.beta.len() >= t_len * n_v
+            && (!want_out || out.len() >= t_len * n_v * d_v),
+        "gated_delta_rule: inputs shorter than {t_len} tokens"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let rows_in_registers = registers && t_len > 0 && avx512::supports(d_k);
+    #[cfg(not(target_arch = "x86_64"))]
+    let rows_in_registers = {
+        let _ = registers; // no row kernel off x86
+        false
+    };
     state_out
         .par_chunks_mut(head_len)
         .zip(state_in.par_chunks(head_len))
@@ -80,6 +124,36 @@ pub fn gated_delta_rule(
                 s.copy_from_slice(s_in);
             }
             let kh = shape.key_head(j);
+            #[cfg(target_arch = "x86_64")]
+            if rows_in_registers {
+                let tok = avx512::HeadTokens {
+                    n: t_len,
+                    q: &inp.q[kh * d_k..],
+                    k: &inp.k[kh * d_k..],
+                    qk_stride: n_k * d_k,
+                    v: &inp.v[j * d_v..],
+                    v_stride: n_v * d_v,
+                    decay: &inp.decay[j..],
+                    beta: &inp.beta[j..],
+                    gb_stride: n_v,
+                };
+                let outs = avx512::HeadOutputs {
+                    // SAFETY (both): offsets inside the buffers; head j writes only its part.
+                    out: if want_out {
+                        unsafe { out_ptr.add(j * d_v) }
+                    } else {
+                        std::ptr::null_mut()
+                    },
+                    out_stride: n_v * d_v,
+                    snap: snap_ptr.map_or(std::ptr::null_mut(), |p| unsafe { p.add(j * head_len) }),
+                    snap_stride: state_len,
+                    snap_first,
+                };
+                // SAFETY: AVX-512F is part of the selected level; `supports(d_k)` checked;
+                // input lengths asserted above; outputs sized by the caller's contract.
+                unsafe { avx512::run(s_in, s, d_k, &tok, &outs) };
+                return;
+            }
             for t in 0..t_len {
                 let q = &inp.q[(t * n_k + kh) * d_k..][..d_k];
                 let k = &inp.k[(t * n_k + kh) * d_k..][..d_k];
@@ -209,4 +283,80 @@ pub fn prepare_inputs(
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed;
+        move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
+    /// The row-in-registers kernel (rows outer, tokens inner) must give the token-by-token
+    /// kernel's state, outputs and snapshots bit for bit: decode, verification batches and the
+    /// rollback replay may take either path depending on the row length.
+    #[test]
+    fn rows_in_registers_equal_token_by_token() {
+        if crate::isa() < crate::Isa::Avx512Vnni {
+            return; // only one kernel on this CPU: nothing to compare
+        }
+        for d in [32, 64, 96, 128] {
+            for (n_k, n_v, t_len, d_v) in [(2, 4, 1, d), (1, 2, 3, d + 1), (2, 2, 7, 5)] {
+                let shape = GdnShape {
+                    n_k,
+                    n_v,
+                    d_k: d,
+                    d_v,
+                    tiled: true,
+                };
+                let mut r = lcg((d * 31 + t_len) as u64);
+                let mut gen = |n: usize, a: f32, b: f32| -> Vec<f32> {
+                    (0..n).map(|_| a + b * r()).collect()
+                };
+                let q = gen(t_len * n_k * d, 0.0, 0.3);
+                let k = gen(t_len * n_k * d, 0.0, 0.3);
+                let v = gen(t_len * n_v * d_v, 0.0, 2.0);
+                let decay = gen(t_len * n_v, 0.8, 0.3);
+                let beta = gen(t_len * n_v, 0.5, 0.8);
+                let s0 = gen(shape.state_len(), 0.0, 1.0);
+                let inp = GdnInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    decay: &decay,
+                    beta: &beta,
+                };
+                let first = t_len / 2;
+                let slots = t_len - first;
+                let go = |registers: bool| {
+                    let mut st = vec![0f32; shape.state_len()];
+                    let mut out = vec![0f32; t_len * n_v * d_v];
+                    let mut snap = vec![0f32; slots * shape.state_len()];
+                    run(
+                        shape,
+                        &s0,
+                        &mut st,
+                        inp,
+                        &mut out,
+                        Some((&mut snap, first)),
+                        registers,
+                    );
+                    (st, out, snap)
+                };
+                let (a, b) = (go(true), go(false));
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let what = format!("d_k {d}, d_v {d_v}, {t_len} tokens");
+                assert_eq!(bits(&a.0), bits(&b.0), "state, {what}");
+                assert_eq!(bits(&a.1), bits(&b.1), "outputs, {what}");
+                assert_eq!(bits(&a.2), bits(&b.2), "snapshots, {what}");
+            }
+        }
+    }
 }
