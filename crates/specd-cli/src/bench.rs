@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Repetitions of the speed tests (the median is reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub reps: usize,
+    /// Tokens already in memory when the verification widths are timed: attention reads all of
+    /// them for every query row, so long contexts make wide batches dearer.
+    #[arg(long = "width-depth", default_value_t = 32)]
+    pub width_depth: usize,
     /// Workload folder (single-turn.jsonl, multi-turn-sorting.json).
     #[arg(long, default_value = "../shared/workloads")]
     pub workloads: PathBuf,
@@ -147,6 +151,8 @@ struct SpeedResult {
     pp_tok_s: f64,
     tg_tokens: usize,
     tg_tok_s: f64,
+    /// Tokens in memory before each timed verification batch.
+    width_depth: usize,
     /// Milliseconds of one decode call by verification width (1, 2, 4, 8, 16 rows), fastest of
     /// `WIDTH_ROUNDS` round-robin rounds.
     verify_ms_by_width: Vec<(usize, f64)>,
@@ -187,18 +193,19 @@ fn bar(n: usize, msg: &str) -> ProgressBar {
 
 /// llama-bench style: pp = one batch of n_prompt tokens; tg = n_gen single-token decodes.
 fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
-    // The verification-width test below decodes after 32 prompt tokens.
-    if a.n_prompt < 32 {
-        bail!("--n-prompt must be at least 32");
+    let widths_list = [1usize, 2, 4, 8, 16];
+    let depth = a.width_depth;
+    if depth == 0 {
+        bail!("--width-depth must be at least 1");
     }
     let n_vocab = model.config().n_vocab as u32;
     let cfg = MemoryConfig {
-        // The width test writes up to 32 + WIDTH_ROUNDS × 16 positions.
-        n_ctx: a.n_prompt.max(32 + WIDTH_ROUNDS * 16) + a.n_gen + 64,
+        // The width test rolls every batch back, so it needs depth + the widest batch.
+        n_ctx: a.n_prompt.max(depth + 16) + a.n_gen + 64,
         max_seqs: 1,
         ..Default::default()
     };
-    let toks: Vec<u32> = (0..a.n_prompt as u32)
+    let toks: Vec<u32> = (0..a.n_prompt.max(depth + 16) as u32)
         .map(|i| (i * 7919 + 13) % n_vocab)
         .collect();
     let pb = bar(a.reps * 2 + WIDTH_ROUNDS, "speed");
@@ -207,7 +214,10 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     for _ in 0..a.reps {
         let mut mem = model.new_memory(cfg.clone());
         let t0 = Instant::now();
-        model.decode(&mut mem, &Batch::from_tokens(&toks, 0, 0, false))?;
+        model.decode(
+            &mut mem,
+            &Batch::from_tokens(&toks[..a.n_prompt], 0, 0, false),
+        )?;
         pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
         let mut mem = model.new_memory(cfg.clone());
@@ -222,21 +232,24 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     }
     // Widths are measured round-robin and the fastest of the rounds is kept: on a shared host
     // the noise comes in bursts, and measuring one width after another let a burst land on one
-    // width only and distort the ratios.
-    let widths_list = [1usize, 2, 4, 8, 16];
+    // width only and distort the ratios. Each batch is rolled back (untimed), so every round
+    // runs at the same depth.
     let mut mems = Vec::new();
     for _ in widths_list {
         let mut mem = model.new_memory(cfg.clone());
-        model.decode(&mut mem, &Batch::from_tokens(&toks[..32], 0, 0, false))?;
+        for (i, c) in toks[..depth].chunks(512).enumerate() {
+            model.decode(&mut mem, &Batch::from_tokens(c, (i * 512) as u32, 0, false))?;
+        }
         mems.push(mem);
     }
     let mut best = [f64::INFINITY; 5];
-    for round in 0..WIDTH_ROUNDS {
+    for _ in 0..WIDTH_ROUNDS {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
-            let pos = 32 + round * w;
+            let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);
             let t0 = Instant::now();
-            model.decode(mem, &Batch::from_tokens(&toks[..w], pos as u32, 0, true))?;
+            model.decode(mem, &rows)?;
             *best = best.min(t0.elapsed().as_secs_f64() * 1e3);
+            model.install(|| mem.rollback(0, w))?;
         }
         pb.inc(1);
     }
@@ -247,6 +260,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         pp_tok_s: median(pp),
         tg_tokens: a.n_gen,
         tg_tok_s: median(tg),
+        width_depth: depth,
         verify_ms_by_width: widths,
     })
 }
@@ -621,7 +635,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         println!("\n| test | tok/s |\n|---|---|");
         println!("| pp{} | {:.1} |", s.pp_tokens, s.pp_tok_s);
         println!("| tg{} | {:.1} |", s.tg_tokens, s.tg_tok_s);
-        println!("\nverification batch cost (ms) by width:");
+        println!(
+            "\nverification batch cost (ms) by width, {} tokens in memory:",
+            s.width_depth
+        );
         let base = s.verify_ms_by_width.first().map_or(1.0, |x| x.1);
         for (w, ms) in &s.verify_ms_by_width {
             println!("  {w:>2} rows: {ms:8.2} ms  ({:.2}x one row)", ms / base);

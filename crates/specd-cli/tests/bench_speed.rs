@@ -1,0 +1,65 @@
+//! `specd bench --mode speed`: the real binary on the tiny model. Checks what the report says
+//! and that it is complete — never how fast anything was.
+
+use serde_json::Value;
+use std::process::Command;
+
+mod common;
+use common::BIN;
+
+fn speed(extra: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["bench", "--mode", "speed", "-m"])
+        .arg(common::model())
+        .args([
+            "-t",
+            "1",
+            "--n-prompt",
+            "32",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--json",
+            "-",
+        ])
+        .args(extra)
+        .output()
+        .expect("running specd bench")
+}
+
+/// The verification widths are timed at the depth asked for (every batch rolled back, so all
+/// rounds see that depth), and the report says which depth it was.
+#[test]
+fn width_test_runs_at_the_requested_depth() {
+    let out = speed(&["--width-depth", "300"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let s = &rep["speed"];
+    assert_eq!(s["width_depth"], 300);
+    let widths: Vec<(u64, f64)> = s["verify_ms_by_width"]
+        .as_array()
+        .expect("widths")
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()))
+        .collect();
+    assert_eq!(
+        widths.iter().map(|w| w.0).collect::<Vec<_>>(),
+        [1, 2, 4, 8, 16]
+    );
+    assert!(
+        widths.iter().all(|w| w.1.is_finite() && w.1 > 0.0),
+        "{widths:?}"
+    );
+}
+
+#[test]
+fn zero_width_depth_is_an_error() {
+    let out = speed(&["--width-depth", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--width-depth"));
+}
