@@ -198,6 +198,9 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     if depth == 0 {
         bail!("--width-depth must be at least 1");
     }
+    if a.n_prompt == 0 || a.n_gen == 0 {
+        bail!("--n-prompt and --n-gen must be at least 1");
+    }
     let n_vocab = model.config().n_vocab as u32;
     let cfg = MemoryConfig {
         // The width test rolls every batch back, so it needs depth + the widest batch.

@@ -7,25 +7,17 @@ use std::process::Command;
 mod common;
 use common::BIN;
 
+/// Runs the speed test with a short prompt (`--n-prompt` 32 unless `extra` sets it).
 fn speed(extra: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .args(["bench", "--mode", "speed", "-m"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["bench", "--mode", "speed", "-m"])
         .arg(common::model())
-        .args([
-            "-t",
-            "1",
-            "--n-prompt",
-            "32",
-            "-n",
-            "4",
-            "-r",
-            "1",
-            "--json",
-            "-",
-        ])
-        .args(extra)
-        .output()
-        .expect("running specd bench")
+        .args(["-t", "1", "-n", "4", "-r", "1", "--json", "-"])
+        .args(extra);
+    if !extra.contains(&"--n-prompt") {
+        cmd.args(["--n-prompt", "32"]);
+    }
+    cmd.output().expect("running specd bench")
 }
 
 /// The verification widths are timed at the depth asked for (every batch rolled back, so all
@@ -58,8 +50,14 @@ fn width_test_runs_at_the_requested_depth() {
 }
 
 #[test]
-fn zero_width_depth_is_an_error() {
-    let out = speed(&["--width-depth", "0"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--width-depth"));
+fn empty_tests_are_errors() {
+    for (flag, value) in [("--width-depth", "0"), ("--n-prompt", "0")] {
+        let out = speed(&[flag, value]);
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(flag) && err.contains("must be at least 1"),
+            "{err}"
+        );
+    }
 }
