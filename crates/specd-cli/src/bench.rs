@@ -206,6 +206,8 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         // The width test rolls every batch back, so it needs depth + the widest batch.
         n_ctx: a.n_prompt.max(depth + 16) + a.n_gen + 64,
         max_seqs: 1,
+        kv_type_k: a.model.cache_type_k,
+        kv_type_v: a.model.cache_type_v,
         ..Default::default()
     };
     let toks: Vec<u32> = (0..a.n_prompt.max(depth + 16) as u32)
@@ -353,6 +355,8 @@ fn run_workload(
     let cfg = MemoryConfig {
         n_ctx: 8192,
         max_seqs: 1,
+        kv_type_k: a.model.cache_type_k,
+        kv_type_v: a.model.cache_type_v,
         ..Default::default()
     };
     for (ti, turn) in w.turns.iter().enumerate() {

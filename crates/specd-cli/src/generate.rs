@@ -4,7 +4,7 @@ use crate::demo::demo_model_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use specd_memory::MemoryConfig;
+use specd_memory::{KvType, MemoryConfig};
 use specd_models::{Model, ModelOptions};
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, VerifyKind};
@@ -33,9 +33,20 @@ pub struct ModelArgs {
         default_value_t = 512
     )]
     pub batch_size: usize,
+    /// KV cache type for keys: f32 (default, exact activations) or f16 (llama.cpp's default;
+    /// half the memory and the attention traffic on long contexts).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f32")]
+    pub cache_type_k: KvType,
+    /// KV cache type for values: f32 or f16.
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f32")]
+    pub cache_type_v: KvType,
 }
 
 impl ModelArgs {
+    /// The KV cache types chosen (K, V).
+    pub fn kv_types(&self) -> (KvType, KvType) {
+        (self.cache_type_k, self.cache_type_v)
+    }
     /// Loads the model (or the demo model).
     pub fn load(&self) -> Result<Arc<Model>> {
         let path = match &self.model {
@@ -292,6 +303,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mem_cfg = MemoryConfig {
         n_ctx: a.model.ctx_size,
         max_seqs: 1,
+        kv_type_k: a.model.cache_type_k,
+        kv_type_v: a.model.cache_type_v,
         ..Default::default()
     };
     let mut req = SequenceRequest {

@@ -143,6 +143,8 @@ const RENAMES: &[(&str, &str)] = &[
     ("-ub", "--ubatch-size"),
     ("-ctxcp", "--ctx-checkpoints"),
     ("-kvu", "--kv-unified"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
     ("-no-kvu", "--no-kv-unified"),
     ("--temperature", "--temp"),
     ("--draft", "--spec-draft-n-max"),
@@ -222,10 +224,6 @@ const IGNORED: &[(&[&str], Val)] = &[
         Val::None,
     ),
     (&["-lm", "--load-mode", "--numa", "--rpc"], Val::One),
-    (
-        &["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"],
-        Val::One,
-    ),
     (
         &[
             "-ctkd",
@@ -581,6 +579,27 @@ pub fn preprocess(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 }
                 continue;
             }
+            "--cache-type-k" | "--cache-type-v" => {
+                let v = match inline {
+                    Some(v) => Some(v),
+                    None => rest.next().map(|v| v.to_string_lossy().into_owned()),
+                };
+                out.push(name.clone().into());
+                if let Some(v) = v {
+                    // llama-server's other cache types (q8_0, q4_0, bf16, …): specd stores f32
+                    // or f16, so a command line asking for a smaller cache gets the smaller one.
+                    let lower = v.to_ascii_lowercase();
+                    if lower == "f32" || lower == "f16" {
+                        out.push(v.into());
+                    } else {
+                        eprintln!(
+                            "warning: '{name} {v}': specd's KV cache is f32 or f16; using f16"
+                        );
+                        out.push("f16".into());
+                    }
+                }
+                continue;
+            }
             "--ubatch-size" => has_ub = true,
             "-b" | "--batch-size" => b_at = Some(out.len()),
             _ => {}
@@ -770,6 +789,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         kv_unified,
         draft_model,
         verbose: a.verbose,
+        kv_types: a.model.kv_types(),
     };
 
     pb.set_message("starting the engine");
@@ -835,11 +855,11 @@ mod tests {
     #[test]
     fn renames_two_letter_flags_and_drops_ignored_ones() {
         let v =
-            pre("specd serve -np 2 -md d.gguf -ngl 99 -fa on --mlock -ctk q8_0 -c 512 --port 0")
+            pre("specd serve -np 2 -md d.gguf -ngl 99 -fa on -ctk f16 -ctv q8_0 -c 512 --port 0")
                 .unwrap();
         assert_eq!(
             v,
-            "specd serve --parallel 2 --model-draft d.gguf -c 512 --port 0"
+            "specd serve --parallel 2 --model-draft d.gguf --cache-type-k f16 --cache-type-v f16 -c 512 --port 0"
                 .split(' ')
                 .collect::<Vec<_>>()
         );

@@ -1050,12 +1050,16 @@ fn command_line_like_llama_server() {
         "-fa on",
         "--mlock",
         "--no-mmap",
-        "-ctk q8_0",
         "--cont-batching",
         "--no-warmup",
     ] {
         assert!(log.contains(&format!("'{f}' has no effect")), "{f}:\n{log}");
     }
+    // A quantised cache type is not there: the smaller of specd's two, said so.
+    assert!(
+        log.contains("'--cache-type-k q8_0': specd's KV cache is f32 or f16; using f16"),
+        "{log}"
+    );
     let p = s.get("/props").json();
     let d = &p["default_generation_settings"];
     assert_eq!(

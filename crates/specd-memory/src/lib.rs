@@ -19,6 +19,7 @@ pub mod recurrent;
 mod sequence;
 
 pub use checkpoint::CheckpointId;
+pub use kv::KvType;
 pub use recurrent::rollback::RollbackMode;
 pub use sequence::{GdnLayerIo, Memory};
 
@@ -45,7 +46,7 @@ pub struct MemoryLayout {
 }
 
 impl MemoryLayout {
-    /// Bytes of one K+V position across all attention layers.
+    /// Bytes of one K+V position across all attention layers, with an `f32` cache.
     pub fn kv_bytes_per_pos(&self) -> usize {
         self.attn_layers * self.kv_row * 2 * 4
     }
@@ -78,6 +79,10 @@ pub struct MemoryConfig {
     pub rollback_budget: usize,
     /// Byte bound for checkpoints over all sequences; the oldest are evicted beyond it.
     pub checkpoint_budget: usize,
+    /// Element type of cached keys.
+    pub kv_type_k: KvType,
+    /// Element type of cached values.
+    pub kv_type_v: KvType,
 }
 
 impl Default for MemoryConfig {
@@ -89,6 +94,8 @@ impl Default for MemoryConfig {
             rollback_window: 17,
             rollback_budget: 512 << 20,
             checkpoint_budget: 1 << 30,
+            kv_type_k: KvType::F32,
+            kv_type_v: KvType::F32,
         }
     }
 }

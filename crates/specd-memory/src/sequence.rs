@@ -88,6 +88,7 @@ impl Memory {
             }
         }
         let lay = self.layout;
+        let (kv_k, kv_v) = (self.cfg.kv_type_k, self.cfg.kv_type_v);
         let other_bytes: usize = self
             .seqs
             .iter()
@@ -96,7 +97,7 @@ impl Memory {
             .sum();
         let s = self.seqs.entry(seq).or_insert_with(|| Sequence {
             n_past: 0,
-            kv: vec![KvLayer::default(); lay.attn_layers],
+            kv: vec![KvLayer::new(kv_k, kv_v); lay.attn_layers],
             rec: (0..lay.rec_layers).map(|_| RecLayer::new(&lay)).collect(),
             record: None,
             in_batch: None,

@@ -78,7 +78,7 @@ fn snapshot(mem: &Memory, seq: u32) -> Vec<Vec<f32>> {
         v.push(c.to_vec());
         v.push(s.to_vec());
     }
-    v.push(mem.kv(seq, 0).unwrap().k.clone());
+    v.push(mem.kv(seq, 0).unwrap().k.to_f32_vec());
     v
 }
 

@@ -10,7 +10,7 @@
 //! at depth 256).
 
 use crate::parallel::SyncPtr;
-use crate::vec::{axpy_rows, dot};
+use crate::vec::KvElem;
 use rayon::prelude::*;
 
 /// Head layout of one attention layer.
@@ -33,13 +33,14 @@ thread_local! {
 }
 
 /// `q`: `T × n_head × d_head` (already normed and rotated); `k_cache`, `v_cache`:
-/// `n_pos × n_kv × d_head` holding this sequence's positions `0..n_pos`; query row `t` sits at
-/// position `positions[t]` and sees keys `0..=positions[t]`. Writes `out`: `T × n_head × d_head`.
-pub fn attention(
+/// `n_pos × n_kv × d_head` holding this sequence's positions `0..n_pos` (`f32` or `f16`, see
+/// [`KvElem`]); query row `t` sits at position `positions[t]` and sees keys `0..=positions[t]`.
+/// Writes `out`: `T × n_head × d_head`.
+pub fn attention<K: KvElem, V: KvElem>(
     q: &[f32],
     positions: &[u32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[K],
+    v_cache: &[V],
     shape: AttnShape,
     scale: f32,
     out: &mut [f32],
@@ -80,7 +81,7 @@ pub fn attention(
                 for (i, &(t, h)) in queries.iter().enumerate() {
                     if s < n_keys[i] {
                         let qv = &q[(t * n_head + h) * d_head..][..d_head];
-                        scores[i * max_keys + s] = dot(qv, kv) * scale;
+                        scores[i * max_keys + s] = K::dot_row(qv, kv) * scale;
                     }
                 }
             }
@@ -110,7 +111,7 @@ pub fn attention(
                     let b1 = n_keys[i].min(b0 + KEY_BLOCK);
                     if b1 > b0 {
                         let w = &scores[i * max_keys + b0..i * max_keys + b1];
-                        axpy_rows(w, &v_head[b0 * kv_row..], kv_row, o);
+                        V::axpy_rows(w, &v_head[b0 * kv_row..], kv_row, o);
                     }
                 }
             }

@@ -38,9 +38,11 @@ unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// AVX2 body of [`dot`] (`b` widened on load when it is `f16`: the same result as widening it
+/// first).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
     unsafe {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -49,16 +51,12 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         while i + 32 <= n {
             for (j, ac) in acc.iter_mut().enumerate() {
                 let o = i + 8 * j;
-                *ac = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), _mm256_loadu_ps(pb.add(o)), *ac);
+                *ac = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(o)), T::load8(pb.add(o)), *ac);
             }
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i)),
-                _mm256_loadu_ps(pb.add(i)),
-                acc[0],
-            );
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc[0]);
             i += 8;
         }
         let mut s = hsum(_mm256_add_ps(
@@ -66,7 +64,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
             _mm256_add_ps(acc[2], acc[3]),
         ));
         while i < n {
-            s += a[i] * b[i];
+            s += a[i] * b[i].to_f32();
             i += 1;
         }
         s
@@ -145,8 +143,8 @@ pub fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_rows_avx2(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_rows_avx2<T: KvElem>(w: &[f32], x: &[T], stride: usize, y: &mut [f32]) {
     unsafe {
         let n = y.len();
         let (px, py) = (x.as_ptr(), y.as_mut_ptr());
@@ -161,7 +159,7 @@ unsafe fn axpy_rows_avx2(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
                 let e = _mm256_set1_ps(ws);
                 let row = px.add(s * stride + d);
                 for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(e, _mm256_loadu_ps(row.add(8 * j)), *a);
+                    *a = _mm256_fmadd_ps(e, T::load8(row.add(8 * j)), *a);
                 }
             }
             for (j, a) in acc.iter().enumerate() {
@@ -172,11 +170,7 @@ unsafe fn axpy_rows_avx2(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
         while d + 8 <= n {
             let mut a = _mm256_loadu_ps(py.add(d));
             for (s, &ws) in w.iter().enumerate() {
-                a = _mm256_fmadd_ps(
-                    _mm256_set1_ps(ws),
-                    _mm256_loadu_ps(px.add(s * stride + d)),
-                    a,
-                );
+                a = _mm256_fmadd_ps(_mm256_set1_ps(ws), T::load8(px.add(s * stride + d)), a);
             }
             _mm256_storeu_ps(py.add(d), a);
             d += 8;
@@ -184,11 +178,105 @@ unsafe fn axpy_rows_avx2(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
         while d < n {
             let mut a = *py.add(d);
             for (s, &ws) in w.iter().enumerate() {
-                a = ws.mul_add(*px.add(s * stride + d), a);
+                a = ws.mul_add((*px.add(s * stride + d)).to_f32(), a);
             }
             *py.add(d) = a;
             d += 1;
         }
+    }
+}
+
+/// An element type a KV cache may store (`f32`, or `f16` like llama.cpp's default cache):
+/// attention's two passes over the cache, with the same reduction order for both types — an
+/// `f16` row is widened to `f32` on load and then reduced exactly as an `f32` row would be.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// [`dot`] of a query row with a cached row.
+    fn dot_row(q: &[f32], row: &[Self]) -> f32;
+    /// [`axpy_rows`] over cached rows.
+    fn axpy_rows(w: &[f32], x: &[Self], stride: usize, y: &mut [f32]);
+    /// Stores `src` in this type (rounding to nearest for `f16`).
+    fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]);
+    /// The value as `f32`.
+    fn to_f32(self) -> f32;
+    /// Eight values from `p`, widened to `f32`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C available; eight values readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl KvElem for f32 {
+    #[inline]
+    fn dot_row(q: &[f32], row: &[f32]) -> f32 {
+        dot(q, row)
+    }
+    #[inline]
+    fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+        axpy_rows(w, x, stride, y)
+    }
+    fn extend_from_f32(dst: &mut Vec<f32>, src: &[f32]) {
+        dst.extend_from_slice(src);
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+}
+
+impl KvElem for half::f16 {
+    #[inline]
+    fn dot_row(q: &[f32], row: &[half::f16]) -> f32 {
+        assert_eq!(q.len(), row.len());
+        #[cfg(target_arch = "x86_64")]
+        if crate::has_avx2() {
+            // SAFETY: features checked (the AVX2 level includes F16C); lengths equal.
+            return unsafe { dot_avx2(q, row) };
+        }
+        let wide: Vec<f32> = row.iter().map(|h| h.to_f32()).collect();
+        dot(q, &wide)
+    }
+    fn axpy_rows(w: &[f32], x: &[half::f16], stride: usize, y: &mut [f32]) {
+        let n = y.len();
+        if w.is_empty() {
+            return;
+        }
+        assert!(
+            (w.len() - 1) * stride + n <= x.len(),
+            "axpy_rows: {} rows of {n} at stride {stride} exceed {} values",
+            w.len(),
+            x.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        if crate::has_avx2() {
+            // SAFETY: features checked; every row read is in bounds (asserted above).
+            unsafe { axpy_rows_avx2(w, x, stride, y) };
+            return;
+        }
+        for (s, &ws) in w.iter().enumerate() {
+            for (yv, xv) in y.iter_mut().zip(&x[s * stride..][..n]) {
+                *yv = ws.mul_add(xv.to_f32(), *yv);
+            }
+        }
+    }
+    fn extend_from_f32(dst: &mut Vec<half::f16>, src: &[f32]) {
+        dst.extend(src.iter().map(|&x| half::f16::from_f32(x)));
+    }
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
 }
 
@@ -407,6 +495,34 @@ mod tests {
                 }
                 assert_eq!(y[d].to_bits(), want.to_bits(), "n {n}, element {d}");
             }
+        }
+    }
+
+    /// An `f16` cache row gives exactly what the same row widened to `f32` first gives.
+    #[test]
+    fn f16_rows_reduce_like_their_f32_widening() {
+        use super::KvElem;
+        use half::f16;
+        for n in [5, 8, 40, 64, 72, 256] {
+            let q: Vec<f32> = (0..n)
+                .map(|i| ((i * 29 % 53) as f32 - 26.0) / 9.0)
+                .collect();
+            let stride = n + 3;
+            let rows = 7;
+            let x: Vec<f16> = (0..(rows - 1) * stride + n)
+                .map(|i| f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 17.0))
+                .collect();
+            let wide: Vec<f32> = x.iter().map(|h| h.to_f32()).collect();
+            assert_eq!(
+                f16::dot_row(&q, &x[..n]).to_bits(),
+                f32::dot_row(&q, &wide[..n]).to_bits(),
+                "dot, n {n}"
+            );
+            let w: Vec<f32> = (0..rows).map(|s| (s as f32 - 3.0) / 2.1).collect();
+            let (mut a, mut b) = (q.clone(), q.clone());
+            f16::axpy_rows(&w, &x, stride, &mut a);
+            f32::axpy_rows(&w, &wide, stride, &mut b);
+            assert_eq!(a, b, "axpy_rows, n {n}");
         }
     }
 

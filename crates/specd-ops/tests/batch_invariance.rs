@@ -288,6 +288,43 @@ fn attention_is_independent_of_work_split() {
     }
 }
 
+/// With an `f16` cache (keys, values or both), a row of a batch is still what it is alone, and
+/// the result is what the same cache widened to `f32` gives.
+#[test]
+fn attention_over_an_f16_cache() {
+    use half::f16;
+    let shape = AttnShape {
+        n_head: 4,
+        n_kv: 2,
+        d_head: 40,
+    };
+    let (depth, t_len) = (70, 5);
+    let n_pos = depth + t_len;
+    let kv_row = shape.n_kv * shape.d_head;
+    let q_row = shape.n_head * shape.d_head;
+    let mut r = lcg(23);
+    let kh: Vec<f16> = (0..n_pos * kv_row).map(|_| f16::from_f32(r())).collect();
+    let vh: Vec<f16> = (0..n_pos * kv_row).map(|_| f16::from_f32(r())).collect();
+    let kw: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
+    let vw: Vec<f32> = vh.iter().map(|x| x.to_f32()).collect();
+    let q: Vec<f32> = (0..t_len * q_row).map(|_| 3.0 * r()).collect();
+    let positions: Vec<u32> = (depth..n_pos).map(|p| p as u32).collect();
+    let mut wide = vec![0f32; t_len * q_row];
+    attention(&q, &positions, &kw, &vw, shape, 0.3, &mut wide);
+    let mut half_kv = vec![0f32; t_len * q_row];
+    attention(&q, &positions, &kh, &vh, shape, 0.3, &mut half_kv);
+    assert_eq!(wide, half_kv, "f16 cache = the same cache widened");
+    let mut mixed = vec![0f32; t_len * q_row];
+    attention(&q, &positions, &kh, &vw, shape, 0.3, &mut mixed);
+    assert_eq!(wide, mixed, "f16 keys, f32 values");
+    for t in 0..t_len {
+        let mut one = vec![0f32; q_row];
+        let qt = &q[t * q_row..(t + 1) * q_row];
+        attention(qt, &positions[t..t + 1], &kh, &vh, shape, 0.3, &mut one);
+        assert_eq!(&half_kv[t * q_row..(t + 1) * q_row], &one[..], "row {t}");
+    }
+}
+
 #[test]
 fn delta_rule_batch_equals_token_by_token() {
     let shape = GdnShape {

@@ -232,7 +232,7 @@ async fn start(st: &Arc<AppState>, prompt: Vec<u32>, g: &GenParams) -> Result<Ru
         let (st2, r) = (st.clone(), req.clone());
         let reference = tokio::task::spawn_blocking(move || {
             st2.references
-                .get_or_run(st2.model.clone(), &r, st2.cfg.n_ctx_slot)
+                .get_or_run(st2.model.clone(), &r, st2.cfg.n_ctx_slot, st2.cfg.kv_types)
         })
         .await
         .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;

@@ -30,7 +30,7 @@ use axum::Router;
 use error::{ApiError, ErrorKind};
 use params::Defaults;
 use scheduler::Scheduler;
-use specd_memory::MemoryConfig;
+use specd_memory::{KvType, MemoryConfig};
 use specd_models::Model;
 use specd_spec::RollbackKind;
 use specd_tokenizer::ChatTemplate;
@@ -78,6 +78,8 @@ pub struct ServerConfig {
     pub draft_model: Option<Arc<Model>>,
     /// Log each request.
     pub verbose: bool,
+    /// Element types of the KV cache (K, V).
+    pub kv_types: (KvType, KvType),
 }
 
 /// Shared state of the HTTP handlers.
@@ -113,6 +115,8 @@ impl AppState {
             max_seqs: cfg.n_parallel,
             // Drafts up to the default n_max roll back without checkpoints.
             rollback_window: (cfg.defaults.spec.n_max + 1).max(17),
+            kv_type_k: cfg.kv_types.0,
+            kv_type_v: cfg.kv_types.1,
             ..MemoryConfig::default()
         };
         let sched = Scheduler::start(model.clone(), mem_cfg, cfg.rollback, cfg.ctx_checkpoints)

@@ -8,7 +8,7 @@
 
 use crate::error::{ApiError, ErrorKind};
 use serde_json::Value;
-use specd_memory::{MemoryConfig, MemoryUsage, SeqId};
+use specd_memory::{KvType, MemoryConfig, MemoryUsage, SeqId};
 use specd_models::Model;
 use specd_spec::engine::TokenProbs;
 use specd_spec::{
@@ -568,6 +568,7 @@ impl ReferenceCache {
         model: Arc<Model>,
         req: &SequenceRequest,
         n_ctx: usize,
+        kv_types: (KvType, KvType),
     ) -> Result<Arc<Vec<u32>>, ApiError> {
         let key = ReferenceKey::of(req);
         if let (Some(k), Ok(guard)) = (&key, self.0.lock()) {
@@ -577,7 +578,7 @@ impl ReferenceCache {
                 }
             }
         }
-        let r = synthetic_reference(model, req, n_ctx)?;
+        let r = synthetic_reference(model, req, n_ctx, kv_types)?;
         if let (Some(k), Ok(mut guard)) = (key, self.0.lock()) {
             *guard = Some((k, r.clone()));
         }
@@ -591,10 +592,14 @@ pub fn synthetic_reference(
     model: Arc<Model>,
     req: &SequenceRequest,
     n_ctx: usize,
+    kv_types: (KvType, KvType),
 ) -> Result<Arc<Vec<u32>>, ApiError> {
+    // The same cache types as the serving engine: the reference must be its plain output.
     let cfg = MemoryConfig {
         n_ctx,
         max_seqs: 1,
+        kv_type_k: kv_types.0,
+        kv_type_v: kv_types.1,
         ..MemoryConfig::default()
     };
     let mut engine = Engine::new(model, cfg, RollbackKind::Fast);

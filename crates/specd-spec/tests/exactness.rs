@@ -2,7 +2,7 @@
 //! for every drafter, every rollback path, every sampler, any number of parallel sequences.
 
 use proptest::prelude::*;
-use specd_memory::MemoryConfig;
+use specd_memory::{KvType, MemoryConfig};
 use specd_models::Model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, StepEvent};
@@ -98,9 +98,21 @@ fn sampler(kind: usize, seed: u32) -> SamplerParams {
 
 /// Runs all requests together in one engine; returns each sequence's tokens.
 fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -> Vec<Vec<u32>> {
+    run_kv(model, reqs, rollback, KvType::F32)
+}
+
+/// [`run`] with the KV cache stored as `kv` (keys and values).
+fn run_kv(
+    model: &Arc<Model>,
+    reqs: Vec<SequenceRequest>,
+    rollback: RollbackKind,
+    kv: KvType,
+) -> Vec<Vec<u32>> {
     let cfg = MemoryConfig {
         n_ctx: 256,
         max_seqs: 8,
+        kv_type_k: kv,
+        kv_type_v: kv,
         ..Default::default()
     };
     let mut e = Engine::new(model.clone(), cfg, rollback);
@@ -199,6 +211,7 @@ proptest! {
         n_max in 1usize..10,
         adaptive in any::<bool>(),
         grammar in 0usize..4,
+        f16_cache in any::<bool>(),
     ) {
         let m = models();
         let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, _ => &m.llama };
@@ -217,7 +230,8 @@ proptest! {
                 r
             })
             .collect();
-        let plain = run(model, base.clone(), RollbackKind::Fast);
+        let kv = if f16_cache { KvType::F16 } else { KvType::F32 };
+        let plain = run_kv(model, base.clone(), RollbackKind::Fast, kv);
         let name = DRAFTERS[drafter];
         let mut spec = spec_for(name, n_max);
         spec.adaptive = adaptive;
@@ -233,8 +247,8 @@ proptest! {
                 r
             })
             .collect();
-        let specd = run(model, reqs, rollback);
-        prop_assert_eq!(plain, specd, "drafter {} rollback {:?}", name, rollback);
+        let specd = run_kv(model, reqs, rollback, kv);
+        prop_assert_eq!(plain, specd, "drafter {} rollback {:?} kv {:?}", name, rollback, kv);
     }
 }
 

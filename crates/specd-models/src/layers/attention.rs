@@ -4,6 +4,7 @@
 use super::{gather, scatter, SeqRows};
 use crate::weights::Loader;
 use crate::ModelError;
+use specd_memory::kv::KvBuf;
 use specd_memory::Memory;
 use specd_ops::activation::sigmoid;
 use specd_ops::attention::{attention, AttnShape};
@@ -125,15 +126,13 @@ impl Attention {
             mem.kv_append(g.seq, kv_layer, &ks, &vs)?;
             let cache = mem.kv(g.seq, kv_layer)?;
             let mut os = vec![0f32; qs.len()];
-            attention(
-                &qs,
-                &g.positions,
-                &cache.k,
-                &cache.v,
-                self.shape,
-                scale,
-                &mut os,
-            );
+            let (pos, sh) = (&g.positions, self.shape);
+            match (&cache.k, &cache.v) {
+                (KvBuf::F32(k), KvBuf::F32(v)) => attention(&qs, pos, k, v, sh, scale, &mut os),
+                (KvBuf::F16(k), KvBuf::F16(v)) => attention(&qs, pos, k, v, sh, scale, &mut os),
+                (KvBuf::F32(k), KvBuf::F16(v)) => attention(&qs, pos, k, v, sh, scale, &mut os),
+                (KvBuf::F16(k), KvBuf::F32(v)) => attention(&qs, pos, k, v, sh, scale, &mut os),
+            }
             scatter(&os, qd, &g.rows, &mut o);
         }
         if let Some(g) = gate {
