@@ -10,7 +10,7 @@
 //! at depth 256).
 
 use crate::parallel::SyncPtr;
-use crate::vec::KvElem;
+use crate::vec::{axpy_rows, dot_kv, KvElem};
 use rayon::prelude::*;
 
 /// Head layout of one attention layer.
@@ -81,7 +81,7 @@ pub fn attention<K: KvElem, V: KvElem>(
                 for (i, &(t, h)) in queries.iter().enumerate() {
                     if s < n_keys[i] {
                         let qv = &q[(t * n_head + h) * d_head..][..d_head];
-                        scores[i * max_keys + s] = K::dot_row(qv, kv) * scale;
+                        scores[i * max_keys + s] = dot_kv(qv, kv) * scale;
                     }
                 }
             }
@@ -111,7 +111,7 @@ pub fn attention<K: KvElem, V: KvElem>(
                     let b1 = n_keys[i].min(b0 + KEY_BLOCK);
                     if b1 > b0 {
                         let w = &scores[i * max_keys + b0..i * max_keys + b1];
-                        V::axpy_rows(w, &v_head[b0 * kv_row..], kv_row, o);
+                        axpy_rows(w, &v_head[b0 * kv_row..], kv_row, o);
                     }
                 }
             }

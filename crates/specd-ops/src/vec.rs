@@ -7,22 +7,29 @@ use std::arch::x86_64::*;
 /// Dot product.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
+    dot_kv(a, b)
+}
+
+/// [`dot`] of an `f32` vector with a cached row of any [`KvElem`] type: an `f16` row is widened
+/// on load and reduced exactly as its `f32` widening would be.
+#[inline]
+pub fn dot_kv<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+    assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
     if crate::has_avx2() {
-        // SAFETY: features checked; lengths equal.
+        // SAFETY: features checked (the AVX2 level includes F16C); lengths equal.
         return unsafe { dot_avx2(a, b) };
     }
     let mut lanes = [0f32; 32];
     let n = a.len() / 32 * 32;
     for i in (0..n).step_by(32) {
         for l in 0..32 {
-            lanes[l] += a[i + l] * b[i + l];
+            lanes[l] += a[i + l] * b[i + l].to_f32();
         }
     }
     let mut s: f32 = lanes.iter().sum();
     for i in n..a.len() {
-        s += a[i] * b[i];
+        s += a[i] * b[i].to_f32();
     }
     s
 }
@@ -117,7 +124,7 @@ unsafe fn axpy_avx2(a: f32, x: &[f32], y: &mut [f32]) {
 /// largest cost of an extra verification row on long contexts. The order per element is fixed
 /// (row order), so how the caller blocks rows or outputs never changes the result.
 #[inline]
-pub fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+pub fn axpy_rows<T: KvElem>(w: &[f32], x: &[T], stride: usize, y: &mut [f32]) {
     let n = y.len();
     if w.is_empty() {
         return;
@@ -137,7 +144,7 @@ pub fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
     for (s, &ws) in w.iter().enumerate() {
         let row = &x[s * stride..][..n];
         for (yv, &xv) in y.iter_mut().zip(row) {
-            *yv = ws.mul_add(xv, *yv);
+            *yv = ws.mul_add(xv.to_f32(), *yv);
         }
     }
 }
@@ -186,14 +193,10 @@ unsafe fn axpy_rows_avx2<T: KvElem>(w: &[f32], x: &[T], stride: usize, y: &mut [
     }
 }
 
-/// An element type a KV cache may store (`f32`, or `f16` like llama.cpp's default cache):
-/// attention's two passes over the cache, with the same reduction order for both types — an
-/// `f16` row is widened to `f32` on load and then reduced exactly as an `f32` row would be.
+/// An element type a KV cache may store (`f32`, or `f16` like llama.cpp's default cache).
+/// [`dot_kv`] and [`axpy_rows`] read either with the same reduction order: an `f16` row is
+/// widened to `f32` on load and then reduced exactly as an `f32` row would be.
 pub trait KvElem: Copy + Send + Sync + 'static {
-    /// [`dot`] of a query row with a cached row.
-    fn dot_row(q: &[f32], row: &[Self]) -> f32;
-    /// [`axpy_rows`] over cached rows.
-    fn axpy_rows(w: &[f32], x: &[Self], stride: usize, y: &mut [f32]);
     /// Stores `src` in this type (rounding to nearest for `f16`).
     fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]);
     /// The value as `f32`.
@@ -207,14 +210,6 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
-    #[inline]
-    fn dot_row(q: &[f32], row: &[f32]) -> f32 {
-        dot(q, row)
-    }
-    #[inline]
-    fn axpy_rows(w: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
-        axpy_rows(w, x, stride, y)
-    }
     fn extend_from_f32(dst: &mut Vec<f32>, src: &[f32]) {
         dst.extend_from_slice(src);
     }
@@ -231,40 +226,6 @@ impl KvElem for f32 {
 }
 
 impl KvElem for half::f16 {
-    #[inline]
-    fn dot_row(q: &[f32], row: &[half::f16]) -> f32 {
-        assert_eq!(q.len(), row.len());
-        #[cfg(target_arch = "x86_64")]
-        if crate::has_avx2() {
-            // SAFETY: features checked (the AVX2 level includes F16C); lengths equal.
-            return unsafe { dot_avx2(q, row) };
-        }
-        let wide: Vec<f32> = row.iter().map(|h| h.to_f32()).collect();
-        dot(q, &wide)
-    }
-    fn axpy_rows(w: &[f32], x: &[half::f16], stride: usize, y: &mut [f32]) {
-        let n = y.len();
-        if w.is_empty() {
-            return;
-        }
-        assert!(
-            (w.len() - 1) * stride + n <= x.len(),
-            "axpy_rows: {} rows of {n} at stride {stride} exceed {} values",
-            w.len(),
-            x.len()
-        );
-        #[cfg(target_arch = "x86_64")]
-        if crate::has_avx2() {
-            // SAFETY: features checked; every row read is in bounds (asserted above).
-            unsafe { axpy_rows_avx2(w, x, stride, y) };
-            return;
-        }
-        for (s, &ws) in w.iter().enumerate() {
-            for (yv, xv) in y.iter_mut().zip(&x[s * stride..][..n]) {
-                *yv = ws.mul_add(xv.to_f32(), *yv);
-            }
-        }
-    }
     fn extend_from_f32(dst: &mut Vec<half::f16>, src: &[f32]) {
         dst.extend(src.iter().map(|&x| half::f16::from_f32(x)));
     }
@@ -501,7 +462,6 @@ mod tests {
     /// An `f16` cache row gives exactly what the same row widened to `f32` first gives.
     #[test]
     fn f16_rows_reduce_like_their_f32_widening() {
-        use super::KvElem;
         use half::f16;
         for n in [5, 8, 40, 64, 72, 256] {
             let q: Vec<f32> = (0..n)
@@ -514,14 +474,14 @@ mod tests {
                 .collect();
             let wide: Vec<f32> = x.iter().map(|h| h.to_f32()).collect();
             assert_eq!(
-                f16::dot_row(&q, &x[..n]).to_bits(),
-                f32::dot_row(&q, &wide[..n]).to_bits(),
+                dot_kv(&q, &x[..n]).to_bits(),
+                dot(&q, &wide[..n]).to_bits(),
                 "dot, n {n}"
             );
             let w: Vec<f32> = (0..rows).map(|s| (s as f32 - 3.0) / 2.1).collect();
             let (mut a, mut b) = (q.clone(), q.clone());
-            f16::axpy_rows(&w, &x, stride, &mut a);
-            f32::axpy_rows(&w, &wide, stride, &mut b);
+            axpy_rows(&w, &x, stride, &mut a);
+            axpy_rows(&w, &wide, stride, &mut b);
             assert_eq!(a, b, "axpy_rows, n {n}");
         }
     }
