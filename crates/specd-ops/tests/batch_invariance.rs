@@ -228,6 +228,33 @@ fn attention_row_is_independent_of_other_rows() {
     }
 }
 
+/// Random queries for `t_len` rows at positions `depth..depth+t_len` over a random K/V cache.
+struct AttnCase {
+    q: Vec<f32>,
+    kc: Vec<f32>,
+    vc: Vec<f32>,
+    positions: Vec<u32>,
+    q_row: usize,
+}
+
+fn attn_case(shape: AttnShape, depth: usize, t_len: usize, seed: u64, q_scale: f32) -> AttnCase {
+    let n_pos = depth + t_len;
+    let kv_row = shape.n_kv * shape.d_head;
+    let q_row = shape.n_head * shape.d_head;
+    let mut r = lcg(seed);
+    let kc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
+    let vc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
+    let q: Vec<f32> = (0..t_len * q_row).map(|_| q_scale * r()).collect();
+    let positions: Vec<u32> = (depth..n_pos).map(|p| p as u32).collect();
+    AttnCase {
+        q,
+        kc,
+        vc,
+        positions,
+        q_row,
+    }
+}
+
 /// A prefill-sized batch is cut into work units (KV head × chunk of queries, chunk boundaries
 /// inside a row's GQA group); whatever the split — thread count, batch size — every row must
 /// come out as when it is decoded alone.
@@ -238,15 +265,14 @@ fn attention_is_independent_of_work_split() {
         n_kv: 2,
         d_head: 24,
     };
-    let (depth, t_len) = (11, 37);
-    let n_pos = depth + t_len;
-    let kv_row = shape.n_kv * shape.d_head;
-    let q_row = shape.n_head * shape.d_head;
-    let mut r = lcg(17);
-    let kc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
-    let vc: Vec<f32> = (0..n_pos * kv_row).map(|_| r()).collect();
-    let q: Vec<f32> = (0..t_len * q_row).map(|_| 4.0 * r()).collect();
-    let positions: Vec<u32> = (depth..n_pos).map(|p| p as u32).collect();
+    let t_len = 37;
+    let AttnCase {
+        q,
+        kc,
+        vc,
+        positions,
+        q_row,
+    } = attn_case(shape, 11, t_len, 17, 4.0);
     let alone: Vec<Vec<f32>> = (0..t_len)
         .map(|t| {
             let mut one = vec![0f32; q_row];
@@ -298,17 +324,18 @@ fn attention_over_an_f16_cache() {
         n_kv: 2,
         d_head: 40,
     };
-    let (depth, t_len) = (70, 5);
-    let n_pos = depth + t_len;
-    let kv_row = shape.n_kv * shape.d_head;
-    let q_row = shape.n_head * shape.d_head;
-    let mut r = lcg(23);
-    let kh: Vec<f16> = (0..n_pos * kv_row).map(|_| f16::from_f32(r())).collect();
-    let vh: Vec<f16> = (0..n_pos * kv_row).map(|_| f16::from_f32(r())).collect();
+    let t_len = 5;
+    let AttnCase {
+        q,
+        kc,
+        vc,
+        positions,
+        q_row,
+    } = attn_case(shape, 70, t_len, 23, 3.0);
+    let kh: Vec<f16> = kc.iter().map(|&x| f16::from_f32(x)).collect();
+    let vh: Vec<f16> = vc.iter().map(|&x| f16::from_f32(x)).collect();
     let kw: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
     let vw: Vec<f32> = vh.iter().map(|x| x.to_f32()).collect();
-    let q: Vec<f32> = (0..t_len * q_row).map(|_| 3.0 * r()).collect();
-    let positions: Vec<u32> = (depth..n_pos).map(|p| p as u32).collect();
     let mut wide = vec![0f32; t_len * q_row];
     attention(&q, &positions, &kw, &vw, shape, 0.3, &mut wide);
     let mut half_kv = vec![0f32; t_len * q_row];
