@@ -266,13 +266,8 @@ fn attention_is_independent_of_work_split() {
         d_head: 24,
     };
     let t_len = 37;
-    let AttnCase {
-        q,
-        kc,
-        vc,
-        positions,
-        q_row,
-    } = attn_case(shape, 11, t_len, 17, 4.0);
+    let c = attn_case(shape, 11, t_len, 17, 4.0);
+    let (q, kc, vc, positions, q_row) = (c.q, c.kc, c.vc, c.positions, c.q_row);
     let alone: Vec<Vec<f32>> = (0..t_len)
         .map(|t| {
             let mut one = vec![0f32; q_row];
@@ -325,13 +320,8 @@ fn attention_over_an_f16_cache() {
         d_head: 40,
     };
     let t_len = 5;
-    let AttnCase {
-        q,
-        kc,
-        vc,
-        positions,
-        q_row,
-    } = attn_case(shape, 70, t_len, 23, 3.0);
+    let c = attn_case(shape, 70, t_len, 23, 3.0);
+    let (q, kc, vc, positions, q_row) = (c.q, c.kc, c.vc, c.positions, c.q_row);
     let kh: Vec<f16> = kc.iter().map(|&x| f16::from_f32(x)).collect();
     let vh: Vec<f16> = vc.iter().map(|&x| f16::from_f32(x)).collect();
     let kw: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
