@@ -58,6 +58,7 @@ impl ModelArgs {
             n_ubatch: self.batch_size,
         };
         let m = Model::load(&path, opts).with_context(|| format!("loading {}", path.display()))?;
+        eprintln!("specd: {}", m.weights_summary());
         Ok(Arc::new(m))
     }
 }

@@ -836,6 +836,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 String::new()
             }
         );
+        eprintln!("specd: {}", model.weights_summary());
         eprintln!("specd: listening on http://{local}");
         specd_server::serve(state, listener)
             .await

@@ -86,6 +86,29 @@ impl<'a> TensorView<'a> {
             len: self.info.n_bytes() as usize,
         }
     }
+    /// Tells the kernel that this process no longer needs the tensor's pages in memory (after the
+    /// data was copied elsewhere, e.g. repacked): they leave the process's resident set, so a
+    /// repacked model is held once, not twice. Harmless to call on anything: the mapping is
+    /// read-only and private, so a later read simply faults the file's bytes back in.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = &*self.file.storage {
+            let page = 4096;
+            let s = self.file.data_start + self.info.offset as usize;
+            let e = s + self.info.n_bytes() as usize;
+            // Only whole pages inside the tensor: neighbours may share its first and last page.
+            let (a, b) = (s.div_ceil(page) * page, e / page * page);
+            if b > a {
+                // SAFETY: MADV_DONTNEED on a private read-only file mapping that is never
+                // written only drops clean pages; their contents are re-read from the file on
+                // the next access, so no reference into the map observes a change.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+                };
+            }
+        }
+    }
+
     /// All elements as f32.
     pub fn to_f32(&self) -> Result<Vec<f32>, GgufError> {
         let mut out = vec![0f32; self.info.n_elements() as usize];

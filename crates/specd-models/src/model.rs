@@ -64,8 +64,10 @@ pub struct Model {
     /// Compute threads; shared with another model by [`Model::share_threads`].
     pool: Arc<rayon::ThreadPool>,
     opts: ModelOptions,
-    /// Bytes of weights (as stored in the file, or dequantised).
+    /// Bytes of weights as the kernels hold them (mapped, repacked or converted).
     weight_bytes: usize,
+    /// Bytes of the tensors in the file.
+    file_weight_bytes: usize,
 }
 
 impl Model {
@@ -169,7 +171,8 @@ impl Model {
             .build()
             .map(Arc::new)
             .map_err(|e| ModelError::Invalid(format!("thread pool: {e}")))?;
-        let weight_bytes = g.tensors().iter().map(|t| t.n_bytes() as usize).sum();
+        let weight_bytes = l.loaded_bytes();
+        let file_bytes: usize = g.tensors().iter().map(|t| t.n_bytes() as usize).sum();
         if opts.n_ubatch == 0 {
             return Err(ModelError::Invalid("n_ubatch must be at least 1".into()));
         }
@@ -185,6 +188,7 @@ impl Model {
             pool,
             opts,
             weight_bytes,
+            file_weight_bytes: file_bytes,
         })
     }
 
@@ -208,9 +212,23 @@ impl Model {
     pub fn n_threads(&self) -> usize {
         self.pool.current_num_threads()
     }
-    /// Bytes of weights.
+    /// Bytes of weights as held in memory for the kernels (mapped, repacked or converted).
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+    /// Bytes of the tensors in the model file.
+    pub fn file_weight_bytes(&self) -> usize {
+        self.file_weight_bytes
+    }
+    /// One line for logs: weight memory against the file's tensor bytes.
+    pub fn weights_summary(&self) -> String {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        format!(
+            "weights: {:.1} MiB in memory for {:.1} MiB of tensors in the file ({:.3}x)",
+            mib(self.weight_bytes),
+            mib(self.file_weight_bytes),
+            self.weight_bytes as f64 / self.file_weight_bytes.max(1) as f64
+        )
     }
     /// True if the file carries an MTP head.
     pub fn has_mtp(&self) -> bool {

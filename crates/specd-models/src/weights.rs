@@ -1,14 +1,17 @@
 //! Turning GGUF tensors into kernel-ready weights.
 //!
-//! Types with a native kernel (F32, F16, BF16, Q8_0, Q4_0) stay in the memory map: no copy, no
-//! load-time cost — except Q8_0 on AVX-512 VNNI CPUs, which is repacked once into 16-row
-//! interleaved groups (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout). Other
-//! quantisations (Q4_1, Q5_x, K-quants) are dequantised to F32 once at load — exact, but 4× the
-//! memory of F32; native kernels for them are future work.
+//! Types with a native kernel stay quantised: F32, F16, BF16, Q8_0 and Q4_0 stay in the memory
+//! map (no copy) — except on AVX-512 VNNI CPUs, where Q8_0 / Q4_0 are repacked once into 16-row
+//! interleaved groups (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block
+//! formats (Q4_K, Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level
+//! (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
+//! nearest native type that holds it (block-32 types to Q8_0, the 2–3-bit super-block types to
+//! Q4_K), with a warning naming the tensor — never to F32.
 
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};
-use specd_ops::{ByteSource, Weight, WeightType};
+use specd_ops::{ByteSource, KFormat, Weight, WeightType};
+use std::cell::Cell;
 use std::sync::Arc;
 
 /// Bytes of one tensor, kept alive by the memory map they live in.
@@ -23,8 +26,11 @@ impl ByteSource for TensorBytes {
 /// Loads tensors of one GGUF file.
 pub struct Loader<'a> {
     pub g: &'a GgufFile,
+    /// Bytes of every weight handed out so far, as the kernels hold them.
+    bytes: Cell<usize>,
 }
 
+/// The kernel type that reads GGUF type `t` as it is.
 fn native(t: TensorType) -> Option<WeightType> {
     Some(match t {
         TensorType::F32 => WeightType::F32,
@@ -32,14 +38,47 @@ fn native(t: TensorType) -> Option<WeightType> {
         TensorType::BF16 => WeightType::BF16,
         TensorType::Q8_0 => WeightType::Q8_0,
         TensorType::Q4_0 => WeightType::Q4_0,
+        TensorType::Q4_K => WeightType::K(KFormat::Q4K),
+        TensorType::Q5_K => WeightType::K(KFormat::Q5K),
+        TensorType::Q6_K => WeightType::K(KFormat::Q6K),
+        TensorType::IQ4_XS => WeightType::K(KFormat::IQ4XS),
         _ => return None,
     })
+}
+
+/// The native type a quantised type without a kernel is converted to: one that holds at least
+/// as many bits per weight, so the conversion loses (almost) nothing.
+fn conversion_target(t: TensorType, cols: usize) -> TensorType {
+    use TensorType::*;
+    match t {
+        // ≤ 4 bits per weight in super-blocks: Q4_K keeps the 256-weight structure.
+        Q2_K | Q3_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0
+        | TQ2_0
+            if cols.is_multiple_of(256) =>
+        {
+            Q4_K
+        }
+        _ => Q8_0,
+    }
 }
 
 impl<'a> Loader<'a> {
     /// A loader over `g`.
     pub fn new(g: &'a GgufFile) -> Self {
-        Loader { g }
+        Loader {
+            g,
+            bytes: Cell::new(0),
+        }
+    }
+
+    /// Bytes of all weights loaded so far, as held in memory for the kernels (mapped, repacked
+    /// or converted).
+    pub fn loaded_bytes(&self) -> usize {
+        self.bytes.get()
+    }
+
+    fn count(&self, n: usize) {
+        self.bytes.set(self.bytes.get() + n);
     }
 
     /// True if the file has tensor `name`.
@@ -51,19 +90,41 @@ impl<'a> Loader<'a> {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
         let view = self.g.expect_tensor(name, &[cols as u64, rows as u64])?;
         let tt = view.info().ttype;
-        match native(tt) {
+        let w = match native(tt) {
             Some(wt) => {
                 let bytes = view.bytes_arc();
                 let len = bytes.len();
-                let w = Weight::new(wt, rows, cols, Arc::new(TensorBytes(bytes)), 0, len)?;
-                // Q8_0 is repacked for the AVX-512 VNNI kernel (a copy, same size).
-                Ok(specd_ops::pack::for_current_isa(&w)?)
+                let w = Weight::new(wt, rows, cols, Arc::new(TensorBytes(bytes)), 0, len)
+                    .map_err(|e| ModelError::Invalid(format!("tensor {name}: {e}")))?;
+                // Repacked where the kernel level reads an interleaved layout (one copy, at
+                // most 2.8 % larger); the file's pages of a repacked tensor are then let go.
+                let packed = specd_ops::pack::for_current_isa(&w)?;
+                if packed.wtype != w.wtype {
+                    drop(w);
+                    view.release_pages();
+                }
+                packed
             }
             None => {
+                let to = conversion_target(tt, cols);
                 let data = view.to_f32()?;
-                Ok(Weight::from_f32(rows, cols, &data)?)
+                let bytes = specd_gguf::quant::quantize(to, &data)?;
+                let wt = native(to).ok_or_else(|| {
+                    ModelError::Invalid(format!("conversion target {to} has no kernel"))
+                })?;
+                let w = Weight::from_bytes(wt, rows, cols, bytes)?;
+                tracing::warn!(
+                    "tensor {name}: {tt} has no native kernel, converted to {to} at load \
+                     ({} -> {} bytes)",
+                    view.info().n_bytes(),
+                    w.size_bytes()
+                );
+                view.release_pages();
+                specd_ops::pack::for_current_isa(&w)?
             }
-        }
+        };
+        self.count(w.size_bytes());
+        Ok(w)
     }
 
     /// Optional matrix.
@@ -83,6 +144,7 @@ impl<'a> Loader<'a> {
     /// Vector `name` of `len` floats (any type, dequantised).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let view = self.g.expect_tensor(name, &[len as u64])?;
+        self.count(4 * len);
         Ok(view.to_f32()?)
     }
 
@@ -98,6 +160,8 @@ impl<'a> Loader<'a> {
     /// A tensor with arbitrary `ne` dims, as f32 (conv kernels).
     pub fn tensor_f32(&self, name: &str, ne: &[u64]) -> Result<Vec<f32>, ModelError> {
         let view = self.g.expect_tensor(name, ne)?;
-        Ok(view.to_f32()?)
+        let v = view.to_f32()?;
+        self.count(4 * v.len());
+        Ok(v)
     }
 }

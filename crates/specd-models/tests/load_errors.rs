@@ -255,7 +255,8 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 fn k_quant_weights_load_and_compute_their_dequantised_values() {
     // A llama model 256 wide, so its matrices are whole K-quant blocks. Two copies: one with the
     // matrices in Q4_K / Q5_K / Q6_K, one with F32 matrices holding exactly the values those
-    // blocks dequantise to. specd dequantises K-quants at load, so the logits must be identical.
+    // blocks dequantise to. The K-quant kernels quantise activations to 8 bits per 256 (as
+    // llama.cpp does), so the logits must be close to the F32 model's, not identical.
     let f = files();
     let mut spec = TestModelSpec::preset(Preset::LlamaTiny);
     spec.n_embd = 256;
@@ -304,7 +305,18 @@ fn k_quant_weights_load_and_compute_their_dequantised_values() {
     let tokens = [5, 77, 300, 12, 900, 4];
     let a = logits(&kq, &tokens);
     let b = logits(&deq, &tokens);
-    assert_eq!(a, b);
+    for (ra, rb) in a.iter().zip(&b) {
+        let scale = rb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = ra
+            .iter()
+            .zip(rb)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        eprintln!("max |logit error| {err} (max |logit| {scale})");
+        assert!(
+            err <= 0.02 * scale,
+            "K-quant logits off by {err} (scale {scale})"
+        );
+    }
     // And the quantisation is visible: the K-quant model is not the original one.
     assert_ne!(a, logits(&base, &tokens));
 }

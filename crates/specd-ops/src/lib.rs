@@ -17,6 +17,7 @@ pub mod activation;
 pub mod attention;
 pub mod conv;
 pub mod delta_net;
+pub mod kquant;
 pub mod matmul;
 pub mod norm;
 pub mod pack;
@@ -26,6 +27,7 @@ pub mod rope;
 pub mod vec;
 pub mod weight;
 
+pub use kquant::KFormat;
 pub use matmul::{matmul, matmul_many, matmul_with};
 pub use weight::{ByteSource, Weight, WeightType};
 

@@ -38,11 +38,19 @@ pub fn group_block_bytes(wt: WeightType) -> usize {
     GROUP * wt.block_bytes()
 }
 
-/// `w` in the layout the current kernel level prefers: Q8_0 / Q4_0 become their 16-row
-/// interleaved types on AVX-512 VNNI (set `SPECD_NO_REPACK` to keep ggml's layout, for A/B
+/// `w` in the layout the current kernel level prefers: the super-block formats become their
+/// 16-row interleaved types on every level; Q8_0 / Q4_0 become theirs on AVX-512 VNNI (set `SPECD_NO_REPACK` to keep ggml's layout, for A/B
 /// measurements); everything else is returned as is (cheap clone, no copy). Costs one copy of
 /// each such matrix at load.
 pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
+    if let WeightType::K(f) = w.wtype {
+        // The super-block formats' kernels read the interleaved layout on every level.
+        if w.rows >= GROUP {
+            let bytes = crate::kquant::pack(f, w.rows, w.cols, w.bytes());
+            return Weight::from_bytes(WeightType::KR16(f), w.rows, w.cols, bytes);
+        }
+        return Ok(w.clone());
+    }
     if matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0)
         && w.rows >= GROUP
         && crate::isa() == crate::Isa::Avx512Vnni

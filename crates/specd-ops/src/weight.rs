@@ -1,6 +1,7 @@
 //! Weight matrices as the kernels see them: raw bytes in one of the natively supported layouts,
 //! usually borrowed from the memory-mapped model file without a copy.
 
+use crate::kquant::{self, KFormat};
 use crate::OpsError;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -24,6 +25,12 @@ pub enum WeightType {
     /// so that one 64-byte load yields two registers of four weights per row (see
     /// [`crate::pack`]). Same size as Q4_0.
     Q4_0R16,
+    /// A super-block format (K-quants, IQ4_XS) in ggml's layout: what the file holds, before the
+    /// load-time repack (see [`crate::kquant`]).
+    K(KFormat),
+    /// A super-block format in the 16-row interleaved layout its kernels read (see
+    /// [`crate::kquant`]): up to 2.8 % larger than ggml's layout.
+    KR16(KFormat),
 }
 
 impl WeightType {
@@ -32,6 +39,7 @@ impl WeightType {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
             WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 | WeightType::Q4_0R16 => 32,
+            WeightType::K(_) | WeightType::KR16(_) => kquant::QK_K,
         }
     }
     /// Bytes per block.
@@ -41,11 +49,19 @@ impl WeightType {
             WeightType::F16 | WeightType::BF16 => 2,
             WeightType::Q8_0 | WeightType::Q8_0R16 => 34,
             WeightType::Q4_0 | WeightType::Q4_0R16 => 18,
+            WeightType::K(f) | WeightType::KR16(f) => f.block_bytes(),
         }
     }
-    /// Bytes of one row of `cols` weights.
+    /// Bytes of one row of `cols` weights in ggml's layout.
     pub fn row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.block_bytes()
+    }
+    /// Bytes of a whole `rows × cols` matrix in this layout.
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            WeightType::KR16(f) => kquant::packed_bytes(f, rows, cols),
+            _ => self.row_bytes(cols) * rows,
+        }
     }
     /// For the 16-row interleaved layouts: the ggml type they were repacked from.
     pub fn interleaved_from(self) -> Option<WeightType> {
@@ -65,6 +81,8 @@ impl WeightType {
             WeightType::Q4_0 => "q4_0",
             WeightType::Q8_0R16 => "q8_0 (16-row interleaved)",
             WeightType::Q4_0R16 => "q4_0 (16-row interleaved)",
+            WeightType::K(f) => f.name(),
+            WeightType::KR16(f) => f.name_r16(),
         }
     }
 }
@@ -124,7 +142,7 @@ impl Weight {
                 ),
             });
         }
-        let want = wtype.row_bytes(cols) * rows;
+        let want = wtype.matrix_bytes(rows, cols);
         let have = src.as_bytes().len();
         if len != want || offset.checked_add(len).is_none_or(|e| e > have) {
             return Err(OpsError::Shape {
@@ -188,6 +206,10 @@ impl Weight {
 
     /// Dequantises row `r` into `out` (`cols` floats). Used for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        if let WeightType::KR16(f) = self.wtype {
+            kquant::dequantize_packed_row(f, self.bytes(), self.rows, self.cols, r, out);
+            return;
+        }
         let rb = self.row_bytes();
         if let Some(base) = self.wtype.interleaved_from() {
             crate::pack::dequantize_r16_row(base, self.bytes(), self.rows, self.cols, r, out);
@@ -225,7 +247,8 @@ pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        WeightType::Q8_0R16 | WeightType::Q4_0R16 => {
+        WeightType::K(f) => kquant::dequantize_ggml(f, bytes, out),
+        WeightType::Q8_0R16 | WeightType::Q4_0R16 | WeightType::KR16(_) => {
             // Rows are interleaved in groups: only `Weight::dequantize_row` knows where a row is.
             out.fill(f32::NAN);
             debug_assert!(false, "dequantize an interleaved matrix by row");

@@ -76,6 +76,9 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
             let q = Weight::from_bytes(WeightType::Q4_0, rows, cols, quantize_q4_0(&data)).unwrap();
             return specd_ops::pack::pack(&q).unwrap();
         }
+        WeightType::K(_) | WeightType::KR16(_) => {
+            unreachable!("the super-block formats have their own tests (tests/kquant.rs)")
+        }
     };
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }

@@ -37,7 +37,7 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
                 "n_vocab": c.n_vocab,
                 "n_ctx_train": c.n_ctx_train,
                 "n_embd": c.n_embd,
-                "size": st.model.weight_bytes(),
+                "size": st.model.file_weight_bytes(),
                 "arch": c.arch.name(),
             },
         }],
@@ -72,6 +72,8 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "is_sleeping": false,
         "specd": {
             "arch": st.model.config().arch.name(),
+            "weight_bytes": st.model.weight_bytes(),
+            "file_weight_bytes": st.model.file_weight_bytes(),
             "n_ctx_slot": st.cfg.n_ctx_slot,
             "kv_unified": st.cfg.kv_unified,
             "rollback": st.cfg.rollback.name(),

@@ -14,6 +14,7 @@ mod avx2;
 mod avx512;
 mod scalar;
 
+use crate::kquant::{self, KActs};
 use crate::pack::GROUP;
 use crate::parallel::{chunk_len, SyncPtr};
 use crate::quant::{quantize_row_i8s, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
@@ -69,11 +70,14 @@ pub fn matmul_many(
     }
     let isa = crate::isa();
     let cols = ws.first().map_or(0, |w| w.cols);
+    let superblocks = ws
+        .iter()
+        .all(|w| matches!(w.wtype, WeightType::KR16(_)) && w.cols == cols);
     let fused = isa == Isa::Avx512Vnni
         && ws
             .iter()
             .all(|w| w.wtype.interleaved_from().is_some() && w.cols == cols);
-    if !fused || n == 0 {
+    if !(fused || superblocks) || n == 0 {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             matmul_with(isa, x, n, w, out)?;
         }
@@ -92,7 +96,11 @@ pub fn matmul_many(
         .zip(outs.iter_mut())
         .map(|(w, o)| (*w, SyncPtr(o.as_mut_ptr())))
         .collect();
-    run_r16(isa, &targets, &I8Acts::new(x, n, cols), n);
+    if superblocks {
+        kquant::run(isa, &targets, &KActs::new(x, n, cols), n);
+    } else {
+        run_r16(isa, &targets, &I8Acts::new(x, n, cols), n);
+    }
     Ok(())
 }
 
@@ -115,6 +123,11 @@ pub fn matmul_with(
         return Ok(());
     }
     let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
+    if let WeightType::K(_) | WeightType::KR16(_) = w.wtype {
+        let targets = [(w, SyncPtr(out.as_mut_ptr()))];
+        kquant::run(isa, &targets, &KActs::new(x, n, w.cols), n);
+        return Ok(());
+    }
     if w.wtype.interleaved_from().is_some() {
         let targets = [(w, SyncPtr(out.as_mut_ptr()))];
         run_r16(isa, &targets, &I8Acts::new(x, n, w.cols), n);

@@ -1,0 +1,262 @@
+//! AVX2 kernels for the interleaved super-block formats: the same layout and arithmetic as the
+//! AVX-512 VNNI kernels (so the same bits), with each 16-row register split into two halves of
+//! eight rows and `vpdpbusd` emulated by `vpmaddubsw` + `vpmaddwd`.
+//!
+//! `vpmaddubsw` saturates its i16 pair sums, so the integer path is chosen per format to stay
+//! exact: activations are in −127..=127 (see [`super::quantize_row_k`]); with unsigned weights
+//! of at most 6 bits two chunks' pair sums still fit i16 (2·2·63·127 = 32004) and are added
+//! before widening. IQ4_XS's unsigned `u` (up to 241) would saturate, so its kernel uses the
+//! signed table values with the sign trick instead — the integer sums are the same.
+
+use super::{ActPtrs, KFormat, IQ4_VALUES, QK_K};
+use std::arch::x86_64::*;
+
+trait Fmt {
+    const F: KFormat;
+    /// Weights are signed (`u − OFF`), multiplied with the sign trick: no offset correction.
+    const SIGNED: bool = false;
+    /// Fills `wv[c]` (`c < SUB/4`) with weights `4c..4c+4` of the eight rows of half `h`.
+    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]);
+}
+
+struct Q4K;
+struct Q5K;
+struct Q6K;
+struct IQ4XS;
+
+#[inline(always)]
+unsafe fn nibbles(q: *const u8, h: usize, n: usize, wv: &mut [__m256i; 8]) {
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0f);
+        for k in 0..n {
+            let v = _mm256_loadu_si256(q.add(64 * k + 32 * h) as *const __m256i);
+            wv[2 * k] = _mm256_and_si256(v, mask);
+            wv[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+        }
+    }
+}
+
+impl Fmt for Q4K {
+    const F: KFormat = KFormat::Q4K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+        unsafe { nibbles(q, h, 4, wv) }
+    }
+}
+
+impl Fmt for Q5K {
+    const F: KFormat = KFormat::Q5K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+        unsafe {
+            nibbles(q, h, 4, wv);
+            let hb = _mm256_loadu_si256(q.add(256 + 32 * h) as *const __m256i);
+            let sixteen = _mm256_set1_epi8(16);
+            for (c, v) in wv.iter_mut().enumerate() {
+                let bit = _mm256_set1_epi8(1 << c);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
+                *v = _mm256_or_si256(*v, _mm256_and_si256(set, sixteen));
+            }
+        }
+    }
+}
+
+impl Fmt for Q6K {
+    const F: KFormat = KFormat::Q6K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+        unsafe {
+            nibbles(q, h, 2, wv);
+            let hb = _mm256_loadu_si256(q.add(128 + 32 * h) as *const __m256i);
+            let m = _mm256_set1_epi8(0x30);
+            let hs = [
+                _mm256_slli_epi16::<4>(hb),
+                _mm256_slli_epi16::<2>(hb),
+                hb,
+                _mm256_srli_epi16::<2>(hb),
+            ];
+            for c in 0..4 {
+                wv[c] = _mm256_or_si256(wv[c], _mm256_and_si256(hs[c], m));
+            }
+        }
+    }
+}
+
+impl Fmt for IQ4XS {
+    const F: KFormat = KFormat::IQ4XS;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+        unsafe {
+            nibbles(q, h, 4, wv);
+            let t = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
+            let table = _mm256_set_m128i(t, t);
+            for v in wv.iter_mut() {
+                *v = _mm256_shuffle_epi8(table, *v);
+            }
+        }
+    }
+}
+
+/// Integer dot of sub-block weights `wv` with activations `xb` (`n` chunks of four), added to
+/// `p` — exactly `Σ w·x` (see the module docs for why no step saturates).
+#[inline(always)]
+unsafe fn idot<F: Fmt>(wv: &[__m256i; 8], xb: *const i8, n: usize, mut p: __m256i) -> __m256i {
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        macro_rules! x4 {
+            ($c:expr) => {
+                _mm256_set1_epi32(std::ptr::read_unaligned(xb.add(4 * $c) as *const i32))
+            };
+        }
+        for c in (0..n).step_by(2) {
+            let (x0, x1) = (x4!(c), x4!(c + 1));
+            if F::SIGNED {
+                let a = _mm256_maddubs_epi16(
+                    _mm256_sign_epi8(wv[c], wv[c]),
+                    _mm256_sign_epi8(x0, wv[c]),
+                );
+                let b = _mm256_maddubs_epi16(
+                    _mm256_sign_epi8(wv[c + 1], wv[c + 1]),
+                    _mm256_sign_epi8(x1, wv[c + 1]),
+                );
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(a, ones));
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(b, ones));
+            } else {
+                let s = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(wv[c], x0),
+                    _mm256_maddubs_epi16(wv[c + 1], x1),
+                );
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
+            }
+        }
+        p
+    }
+}
+
+/// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn kernel<F: Fmt, const R: usize>(
+    w: *const u8,
+    h: usize,
+    p: ActPtrs,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        let fmt = F::F;
+        let (sub, nsub) = (fmt.sub(), fmt.nsub());
+        let (gbb, hb, qb) = (
+            fmt.group_block_bytes(),
+            fmt.header_bytes(),
+            fmt.sub_quant_bytes(),
+        );
+        let off = if F::SIGNED { 0 } else { fmt.offset() };
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut wv = [_mm256_setzero_si256(); 8];
+        for b in 0..p.nbk {
+            let blk = w.add(b * gbb);
+            let mut isum = [_mm256_setzero_si256(); R];
+            for s in 0..nsub {
+                F::load_sub(blk.add(hb + s * qb), h, &mut wv);
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,
+                ));
+                for r in 0..R {
+                    let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
+                    let p0 = if fmt.has_dmin() || off == 0 {
+                        _mm256_setzero_si256()
+                    } else {
+                        let bs = if sub == 16 {
+                            *p.bs16.add((r * p.nbk + b) * 16 + s)
+                        } else {
+                            *p.bs32.add((r * p.nbk + b) * 8 + s)
+                        };
+                        _mm256_set1_epi32(-off * bs as i32)
+                    };
+                    let d = idot::<F>(&wv, xb, sub / 4, p0);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
+                }
+            }
+            let da = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
+            for r in 0..R {
+                let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
+                acc[r] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
+            }
+            if fmt.has_dmin() {
+                let db = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i));
+                let m0 = blk.add(fmt.m_offset() + 16 * h);
+                let mut mp = [_mm256_setzero_si256(); 4];
+                for (k, v) in mp.iter_mut().enumerate() {
+                    *v = _mm256_cvtepi8_epi16(_mm_loadu_si128(m0.add(32 * k) as *const __m128i));
+                }
+                for r in 0..R {
+                    let bs = p.bs32.add((r * p.nbk + b) * 8);
+                    let mut msum = _mm256_setzero_si256();
+                    for (k, v) in mp.iter().enumerate() {
+                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                        msum =
+                            _mm256_add_epi32(msum, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
+                    }
+                    let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
+                    acc[r] =
+                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(db, dy), acc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+        }
+    }
+}
+
+/// One group of 16 interleaved rows of `fmt` against `t` (1..=8) activation rows; see
+/// [`super::avx512::dot_group`]. Tiles of more than four rows run as two (sixteen ymm registers
+/// hold four rows' sums and accumulators next to the weights).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; the pointers must cover what they describe.
+pub(crate) unsafe fn dot_group(
+    fmt: KFormat,
+    w: *const u8,
+    p: ActPtrs,
+    t: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    macro_rules! tiles {
+        ($f:ty, $p:expr, $t:expr, $out:expr) => {
+            for h in 0..2 {
+                match $t {
+                    4 => kernel::<$f, 4>(w, h, $p, $out, ostride),
+                    3 => kernel::<$f, 3>(w, h, $p, $out, ostride),
+                    2 => kernel::<$f, 2>(w, h, $p, $out, ostride),
+                    _ => kernel::<$f, 1>(w, h, $p, $out, ostride),
+                }
+            }
+        };
+    }
+    unsafe {
+        let mut r = 0;
+        while r < t {
+            let n = (t - r).min(4);
+            let pr = ActPtrs {
+                q: p.q.add(r * p.qstride),
+                d: p.d.add(r * p.nbk),
+                bs16: p.bs16.add(r * p.nbk * 16),
+                bs32: p.bs32.add(r * p.nbk * 8),
+                ..p
+            };
+            let o = out.add(r * ostride);
+            match fmt {
+                KFormat::Q4K => tiles!(Q4K, pr, n, o),
+                KFormat::Q5K => tiles!(Q5K, pr, n, o),
+                KFormat::Q6K => tiles!(Q6K, pr, n, o),
+                KFormat::IQ4XS => tiles!(IQ4XS, pr, n, o),
+            }
+            r += n;
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! AVX-512 VNNI kernels for the interleaved super-block formats (see the module docs of
+//! [`super`]): per sub-block, the weight side (loads, nibble masks, high bits, the table lookup of
+//! IQ4_XS) is done once and shared by up to eight activation rows; per row it is `SUB/4`
+//! `vpdpbusd` against broadcast activation bytes, one `vpmulld` by the 16 rows' sub-block scales
+//! and one add — for 16 outputs. The float work is two or three instructions per super-block.
+
+use super::{ActPtrs, KFormat, IQ4_VALUES, QK_K};
+use std::arch::x86_64::*;
+
+/// Bytes ahead of the current super-block that the kernel prefetches (as in the Q8_0 kernel:
+/// without it a few-row tile's compute and the weight stream take turns).
+const PF_AHEAD: usize = 4096;
+
+/// How one format's sub-block quants become `vpdpbusd`'s unsigned operand.
+trait Fmt {
+    const F: KFormat;
+    /// Fills `wv[c]` (`c < SUB/4`) with weights `4c..4c+4` of each of the 16 rows as `u`.
+    unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]);
+}
+
+struct Q4K;
+struct Q5K;
+struct Q6K;
+struct IQ4XS;
+
+/// Chunks of nibble pairs → `2·n` registers of four 4-bit values per row.
+#[inline(always)]
+unsafe fn nibbles(q: *const u8, n: usize, wv: &mut [__m512i; 8]) {
+    unsafe {
+        let mask = _mm512_set1_epi8(0x0f);
+        for k in 0..n {
+            let v = _mm512_loadu_si512(q.add(64 * k) as *const __m512i);
+            wv[2 * k] = _mm512_and_si512(v, mask);
+            wv[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+        }
+    }
+}
+
+impl Fmt for Q4K {
+    const F: KFormat = KFormat::Q4K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe { nibbles(q, 4, wv) }
+    }
+}
+
+impl Fmt for Q5K {
+    const F: KFormat = KFormat::Q5K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            nibbles(q, 4, wv);
+            let hb = _mm512_loadu_si512(q.add(256) as *const __m512i);
+            let sixteen = _mm512_set1_epi8(16);
+            for (c, v) in wv.iter_mut().enumerate() {
+                let k = _mm512_test_epi8_mask(hb, _mm512_set1_epi8(1 << c));
+                *v = _mm512_mask_add_epi8(*v, k, *v, sixteen);
+            }
+        }
+    }
+}
+
+impl Fmt for Q6K {
+    const F: KFormat = KFormat::Q6K;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            nibbles(q, 2, wv);
+            let hb = _mm512_loadu_si512(q.add(128) as *const __m512i);
+            let m = _mm512_set1_epi8(0x30);
+            // Bits 2c, 2c+1 of each byte to bits 4, 5 (16-bit shifts: the mask drops what
+            // crosses a byte boundary).
+            let h = [
+                _mm512_slli_epi16::<4>(hb),
+                _mm512_slli_epi16::<2>(hb),
+                hb,
+                _mm512_srli_epi16::<2>(hb),
+            ];
+            for c in 0..4 {
+                wv[c] = _mm512_or_si512(wv[c], _mm512_and_si512(h[c], m));
+            }
+        }
+    }
+}
+
+impl Fmt for IQ4XS {
+    const F: KFormat = KFormat::IQ4XS;
+    #[inline(always)]
+    unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            nibbles(q, 4, wv);
+            let mut t = [0u8; 16];
+            for (o, v) in t.iter_mut().zip(IQ4_VALUES) {
+                *o = (v as i16 + 128) as u8;
+            }
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
+            for v in wv.iter_mut() {
+                *v = _mm512_shuffle_epi8(table, *v);
+            }
+        }
+    }
+}
+
+/// One group of 16 interleaved rows against `R` activation rows (see [`super::run`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32, ostride: usize) {
+    unsafe {
+        let fmt = F::F;
+        let (sub, nsub) = (fmt.sub(), fmt.nsub());
+        let (gbb, hb, qb) = (
+            fmt.group_block_bytes(),
+            fmt.header_bytes(),
+            fmt.sub_quant_bytes(),
+        );
+        let off = fmt.offset();
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for b in 0..p.nbk {
+            let blk = w.add(b * gbb);
+            let pf = blk.wrapping_add(PF_AHEAD);
+            for l in (0..gbb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
+            }
+            let mut isum = [_mm512_setzero_si512(); R];
+            for s in 0..nsub {
+                F::load_sub(blk.add(hb + s * qb), &mut wv);
+                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    blk.add(fmt.sc_offset() + 16 * s) as *const __m128i
+                ));
+                for r in 0..R {
+                    let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
+                    macro_rules! x4 {
+                        ($c:expr) => {
+                            _mm512_set1_epi32(
+                                std::ptr::read_unaligned(xb.add(4 * $c) as *const i32),
+                            )
+                        };
+                    }
+                    let mut p0 = if fmt.has_dmin() {
+                        _mm512_setzero_si512()
+                    } else {
+                        let bs = if sub == 16 {
+                            *p.bs16.add((r * p.nbk + b) * 16 + s)
+                        } else {
+                            *p.bs32.add((r * p.nbk + b) * 8 + s)
+                        };
+                        _mm512_set1_epi32(-off * bs as i32)
+                    };
+                    let mut p1 = _mm512_setzero_si512();
+                    for c in (0..sub / 4).step_by(2) {
+                        p0 = _mm512_dpbusd_epi32(p0, wv[c], x4!(c));
+                        p1 = _mm512_dpbusd_epi32(p1, wv[c + 1], x4!(c + 1));
+                    }
+                    isum[r] =
+                        _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(p0, p1), sc));
+                }
+            }
+            let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+            for r in 0..R {
+                let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
+                acc[r] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(da, dy), acc[r]);
+            }
+            if fmt.has_dmin() {
+                let db = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+                let m0 = blk.add(fmt.m_offset());
+                let mut mp = [_mm512_setzero_si512(); 4];
+                for (k, v) in mp.iter_mut().enumerate() {
+                    *v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(m0.add(32 * k) as *const __m256i));
+                }
+                for r in 0..R {
+                    let bs = p.bs32.add((r * p.nbk + b) * 8);
+                    let mut msum = _mm512_setzero_si512();
+                    for (k, v) in mp.iter().enumerate() {
+                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                        msum = _mm512_dpwssd_epi32(msum, *v, _mm512_set1_epi32(pair));
+                    }
+                    let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
+                    acc[r] =
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(db, dy), acc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out.add(r * ostride), acc[r]);
+        }
+    }
+}
+
+/// One group of 16 interleaved rows of `fmt` (`w`: its `p.nbk` group super-blocks) against `t`
+/// (1..=8) activation rows; row `i`'s 16 outputs go to `out + i·ostride`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/DQ/VNNI must be available; the pointers must cover what they describe.
+pub(crate) unsafe fn dot_group(
+    fmt: KFormat,
+    w: *const u8,
+    p: ActPtrs,
+    t: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    macro_rules! tiles {
+        ($f:ty) => {
+            match t {
+                8 => kernel::<$f, 8>(w, p, out, ostride),
+                7 => kernel::<$f, 7>(w, p, out, ostride),
+                6 => kernel::<$f, 6>(w, p, out, ostride),
+                5 => kernel::<$f, 5>(w, p, out, ostride),
+                4 => kernel::<$f, 4>(w, p, out, ostride),
+                3 => kernel::<$f, 3>(w, p, out, ostride),
+                2 => kernel::<$f, 2>(w, p, out, ostride),
+                _ => kernel::<$f, 1>(w, p, out, ostride),
+            }
+        };
+    }
+    unsafe {
+        match fmt {
+            KFormat::Q4K => tiles!(Q4K),
+            KFormat::Q5K => tiles!(Q5K),
+            KFormat::Q6K => tiles!(Q6K),
+            KFormat::IQ4XS => tiles!(IQ4XS),
+        }
+    }
+}
