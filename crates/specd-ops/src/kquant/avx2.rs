@@ -260,3 +260,54 @@ pub(crate) unsafe fn dot_group(
         }
     }
 }
+
+/// AVX2 body of [`super::quantize_row_k`] for one block of 256 values (bit-identical to
+/// [`super::quantize_block_scalar`]): returns `d`.
+///
+/// # Safety
+/// AVX2 must be available; `xs` and `q` hold 256 values, `bs16` 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_block(xs: &[f32], q: &mut [i8], bs16: &mut [i16]) -> f32 {
+    unsafe {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut m = _mm256_setzero_ps();
+        for k in 0..32 {
+            // maxps returns its second operand when the first is NaN: NaN is ignored.
+            m = _mm256_max_ps(
+                _mm256_and_ps(_mm256_loadu_ps(xs.as_ptr().add(8 * k)), abs_mask),
+                m,
+            );
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.iter().fold(0f32, |a, &v| a.max(v));
+        if amax == 0.0 {
+            q[..QK_K].fill(0);
+            bs16[..16].fill(0);
+            return 0.0;
+        }
+        let max = xs.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -127.0 / max;
+        let vs = _mm256_set1_ps(iscale);
+        let cap = _mm256_set1_epi32(127);
+        for k in 0..32 {
+            let r = _mm256_mul_ps(vs, _mm256_loadu_ps(xs.as_ptr().add(8 * k)));
+            // NaN → 0 like `as i32`; `vcvtps2dq` rounds half to even (the default MXCSR mode).
+            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r));
+            let qi = _mm256_min_epi32(_mm256_cvtps_epi32(r), cap);
+            let mut out = [0i32; 8];
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, qi);
+            let mut sum = 0i16;
+            for (o, &v) in q[8 * k..8 * k + 8].iter_mut().zip(&out) {
+                *o = v as i8;
+                sum += v as i16;
+            }
+            if k % 2 == 0 {
+                bs16[k / 2] = sum;
+            } else {
+                bs16[k / 2] += sum;
+            }
+        }
+        1.0 / iscale
+    }
+}

@@ -224,3 +224,53 @@ pub(crate) unsafe fn dot_group(
         }
     }
 }
+
+/// AVX-512 body of [`super::quantize_row_k`] for one block of 256 values (bit-identical to
+/// [`super::quantize_block_scalar`]): returns `d`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/DQ must be available; `xs` and `q` hold 256 values, `bs16` 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+pub(crate) unsafe fn quantize_block(xs: &[f32], q: &mut [i8], bs16: &mut [i16]) -> f32 {
+    unsafe {
+        let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+        let abs =
+            |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+        let mut m = _mm512_setzero_ps();
+        for k in 0..16 {
+            // max(|v|, m) keeps m for a NaN |v|, as the scalar comparison ignores NaN.
+            m = _mm512_max_ps(abs(_mm512_loadu_ps(xs.as_ptr().add(16 * k))), m);
+        }
+        let amax = _mm512_reduce_max_ps(m);
+        if amax == 0.0 {
+            q[..QK_K].fill(0);
+            bs16[..16].fill(0);
+            return 0.0;
+        }
+        // The first value whose magnitude is the maximum gives the sign.
+        let mut max = amax;
+        for k in 0..16 {
+            let v = _mm512_loadu_ps(xs.as_ptr().add(16 * k));
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(abs(v), _mm512_set1_ps(amax));
+            if hit != 0 {
+                max = xs[16 * k + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let vs = _mm512_set1_ps(iscale);
+        let cap = _mm512_set1_epi32(127);
+        for k in 0..16 {
+            let r = _mm512_mul_ps(vs, _mm512_loadu_ps(xs.as_ptr().add(16 * k)));
+            // NaN → 0 like `as i32`; `vcvtps2dq` rounds half to even (the default MXCSR mode).
+            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+            let qi = _mm512_min_epi32(_mm512_maskz_cvtps_epi32(ordered, r), cap);
+            _mm_storeu_si128(
+                q.as_mut_ptr().add(16 * k) as *mut __m128i,
+                _mm512_cvtepi32_epi8(qi),
+            );
+            bs16[k] = _mm512_reduce_add_epi32(qi) as i16;
+        }
+        1.0 / iscale
+    }
+}
