@@ -260,7 +260,7 @@ pub(crate) unsafe fn quantize_block(xs: &[f32], q: &mut [i8], bs16: &mut [i16]) 
         let iscale = -127.0 / max;
         let vs = _mm512_set1_ps(iscale);
         let cap = _mm512_set1_epi32(127);
-        for k in 0..16 {
+        for (k, bsum) in bs16.iter_mut().enumerate().take(16) {
             let r = _mm512_mul_ps(vs, _mm512_loadu_ps(xs.as_ptr().add(16 * k)));
             // NaN → 0 like `as i32`; `vcvtps2dq` rounds half to even (the default MXCSR mode).
             let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
@@ -269,7 +269,7 @@ pub(crate) unsafe fn quantize_block(xs: &[f32], q: &mut [i8], bs16: &mut [i16]) 
                 q.as_mut_ptr().add(16 * k) as *mut __m128i,
                 _mm512_cvtepi32_epi8(qi),
             );
-            bs16[k] = _mm512_reduce_add_epi32(qi) as i16;
+            *bsum = _mm512_reduce_add_epi32(qi) as i16;
         }
         1.0 / iscale
     }
