@@ -866,7 +866,8 @@ mod tests {
             };
         }
         let nbk = x.len() / QK_K;
-        let run = |f: &dyn Fn(&[f32], &mut [i8], &mut [i16]) -> f32| {
+        type Quantiser<'a> = &'a dyn Fn(&[f32], &mut [i8], &mut [i16]) -> f32;
+        let run = |f: Quantiser| {
             let (mut q, mut d, mut b) = (vec![0i8; x.len()], vec![0f32; nbk], vec![0i16; 16 * nbk]);
             for k in 0..nbk {
                 d[k] = f(
