@@ -48,60 +48,116 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 with AVX-VNNI (the 256-bit `vpdpbusd` of recent Intel client CPUs and AMD Zen 4):
+    /// the AVX2 kernels with the integer dot products in one instruction.
+    AvxVnni,
     /// AVX-512 (F, BW, VL, DQ) with VNNI: 64-byte integer dot products in one instruction.
     /// `SPECD_NO_AVX512` forces [`Isa::Avx2`] instead.
     Avx512Vnni,
 }
 
 impl Isa {
-    /// Every level this CPU can run, lowest first (tests compare them).
-    pub fn available() -> Vec<Isa> {
-        let best = isa_detected();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
-            .into_iter()
-            .filter(|i| *i <= best)
-            .collect()
+    /// Name as `SPECD_ISA` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
+            Isa::Avx512Vnni => "avx512",
+        }
     }
 }
 
-/// The level the kernels use in this process.
+impl Isa {
+    /// The highest level this CPU can run that is not above `self`.
+    pub fn supported(self) -> Isa {
+        Isa::available()
+            .into_iter()
+            .filter(|l| *l <= self)
+            .next_back()
+            .unwrap_or(Isa::Scalar)
+    }
+
+    /// Every level this CPU can run, lowest first (tests compare them).
+    pub fn available() -> Vec<Isa> {
+        let f = features();
+        let mut v = vec![Isa::Scalar];
+        if f.avx2 {
+            v.push(Isa::Avx2);
+            if f.avxvnni {
+                v.push(Isa::AvxVnni);
+            }
+            if f.avx512 {
+                v.push(Isa::Avx512Vnni);
+            }
+        }
+        v
+    }
+}
+
+/// The level the kernels use in this process: the best the CPU has, capped by `SPECD_ISA`
+/// (`scalar`, `avx2`, `avxvnni`, `avx512`), `SPECD_NO_AVX512` (plain AVX2, as a CPU without
+/// AVX-512 or VNNI) or `SPECD_NO_SIMD` (scalar).
 #[inline]
 pub fn isa() -> Isa {
     use std::sync::OnceLock;
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let best = isa_detected();
-        if std::env::var_os("SPECD_NO_SIMD").is_some() {
+        let levels = Isa::available();
+        let cap = if std::env::var_os("SPECD_NO_SIMD").is_some() {
             Isa::Scalar
         } else if std::env::var_os("SPECD_NO_AVX512").is_some() {
-            best.min(Isa::Avx2)
+            Isa::Avx2
         } else {
-            best
-        }
+            std::env::var("SPECD_ISA")
+                .ok()
+                .and_then(|v| {
+                    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+                        .into_iter()
+                        .find(|i| i.name().eq_ignore_ascii_case(v.trim()))
+                })
+                .unwrap_or(Isa::Avx512Vnni)
+        };
+        levels
+            .into_iter()
+            .filter(|l| *l <= cap)
+            .next_back()
+            .unwrap_or(Isa::Scalar)
     })
 }
 
-/// What the CPU supports, ignoring the environment overrides.
-fn isa_detected() -> Isa {
+/// Instruction-set extensions the kernels use, as detected on this CPU.
+struct Features {
+    /// AVX2 + FMA + F16C.
+    avx2: bool,
+    /// AVX-VNNI (VEX-encoded 256-bit `vpdpbusd`).
+    avxvnni: bool,
+    /// AVX-512 F/BW/VL/DQ + VNNI.
+    avx512: bool,
+}
+
+fn features() -> Features {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let avx512 = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512dq")
-            && is_x86_feature_detected!("avx512vnni");
-        match (avx2, avx512) {
-            (true, true) => Isa::Avx512Vnni,
-            (true, false) => Isa::Avx2,
-            _ => Isa::Scalar,
+        Features {
+            avx2: is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"),
+            avxvnni: is_x86_feature_detected!("avxvnni"),
+            avx512: is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vnni"),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        Isa::Scalar
+        Features {
+            avx2: false,
+            avxvnni: false,
+            avx512: false,
+        }
     }
 }
 

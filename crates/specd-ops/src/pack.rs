@@ -39,7 +39,7 @@ pub fn group_block_bytes(wt: WeightType) -> usize {
 }
 
 /// `w` in the layout the current kernel level prefers: the super-block formats become their
-/// 16-row interleaved types on every level; Q8_0 / Q4_0 become theirs on AVX-512 VNNI (set `SPECD_NO_REPACK` to keep ggml's layout, for A/B
+/// 16-row interleaved types on every level; Q8_0 / Q4_0 become theirs on AVX2 and above (set `SPECD_NO_REPACK` to keep ggml's layout, for A/B
 /// measurements); everything else is returned as is (cheap clone, no copy). Costs one copy of
 /// each such matrix at load.
 pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
@@ -53,7 +53,7 @@ pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
     }
     if matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0)
         && w.rows >= GROUP
-        && crate::isa() == crate::Isa::Avx512Vnni
+        && crate::isa() >= crate::Isa::Avx2
         && std::env::var_os("SPECD_NO_REPACK").is_none()
     {
         pack(w)

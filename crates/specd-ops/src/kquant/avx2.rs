@@ -15,8 +15,9 @@ trait Fmt {
     const F: KFormat;
     /// Weights are signed (`u − OFF`), multiplied with the sign trick: no offset correction.
     const SIGNED: bool = false;
-    /// Fills `wv[c]` (`c < SUB/4`) with weights `4c..4c+4` of the eight rows of half `h`.
-    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]);
+    /// Fills `wv[c]` (`c < SUB/4`) with weights `4c..4c+4` of the eight rows of half `h` (as
+    /// `u`, or as signed values for a [`Fmt::SIGNED`] format without `VNNI`).
+    unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]);
 }
 
 struct Q4K;
@@ -39,7 +40,7 @@ unsafe fn nibbles(q: *const u8, h: usize, n: usize, wv: &mut [__m256i; 8]) {
 impl Fmt for Q4K {
     const F: KFormat = KFormat::Q4K;
     #[inline(always)]
-    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+    unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe { nibbles(q, h, 4, wv) }
     }
 }
@@ -47,7 +48,7 @@ impl Fmt for Q4K {
 impl Fmt for Q5K {
     const F: KFormat = KFormat::Q5K;
     #[inline(always)]
-    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+    unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
             nibbles(q, h, 4, wv);
             let hb = _mm256_loadu_si256(q.add(256 + 32 * h) as *const __m256i);
@@ -64,7 +65,7 @@ impl Fmt for Q5K {
 impl Fmt for Q6K {
     const F: KFormat = KFormat::Q6K;
     #[inline(always)]
-    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+    unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
             nibbles(q, h, 2, wv);
             let hb = _mm256_loadu_si256(q.add(128 + 32 * h) as *const __m256i);
@@ -86,10 +87,19 @@ impl Fmt for IQ4XS {
     const F: KFormat = KFormat::IQ4XS;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn load_sub(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
+    unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
             nibbles(q, h, 4, wv);
-            let t = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
+            // `vpdpbusd` takes `u` = value + 128 (unsigned); the AVX2 sign trick the values.
+            let mut u = [0u8; 16];
+            for (o, v) in u.iter_mut().zip(IQ4_VALUES) {
+                *o = (v as i16 + 128) as u8;
+            }
+            let t = if VNNI {
+                _mm_loadu_si128(u.as_ptr() as *const __m128i)
+            } else {
+                _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i)
+            };
             let table = _mm256_set_m128i(t, t);
             for v in wv.iter_mut() {
                 *v = _mm256_shuffle_epi8(table, *v);
@@ -101,7 +111,12 @@ impl Fmt for IQ4XS {
 /// Integer dot of sub-block weights `wv` with activations `xb` (`n` chunks of four), added to
 /// `p` — exactly `Σ w·x` (see the module docs for why no step saturates).
 #[inline(always)]
-unsafe fn idot<F: Fmt>(wv: &[__m256i; 8], xb: *const i8, n: usize, mut p: __m256i) -> __m256i {
+unsafe fn idot<F: Fmt, const VNNI: bool>(
+    wv: &[__m256i; 8],
+    xb: *const i8,
+    n: usize,
+    mut p: __m256i,
+) -> __m256i {
     unsafe {
         let ones = _mm256_set1_epi16(1);
         macro_rules! x4 {
@@ -111,7 +126,10 @@ unsafe fn idot<F: Fmt>(wv: &[__m256i; 8], xb: *const i8, n: usize, mut p: __m256
         }
         for c in (0..n).step_by(2) {
             let (x0, x1) = (x4!(c), x4!(c + 1));
-            if F::SIGNED {
+            if VNNI {
+                p = _mm256_dpbusd_avx_epi32(p, wv[c], x0);
+                p = _mm256_dpbusd_avx_epi32(p, wv[c + 1], x1);
+            } else if F::SIGNED {
                 let a = _mm256_maddubs_epi16(
                     _mm256_sign_epi8(wv[c], wv[c]),
                     _mm256_sign_epi8(x0, wv[c]),
@@ -134,10 +152,33 @@ unsafe fn idot<F: Fmt>(wv: &[__m256i; 8], xb: *const i8, n: usize, mut p: __m256
     }
 }
 
-/// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows.
+/// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows, on AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // raw tile addressing
 unsafe fn kernel<F: Fmt, const R: usize>(
+    w: *const u8,
+    h: usize,
+    p: ActPtrs,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe { kernel_body::<F, R, false>(w, h, p, out, ostride) }
+}
+
+/// [`kernel`] with AVX-VNNI's `vpdpbusd`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn kernel_vnni<F: Fmt, const R: usize>(
+    w: *const u8,
+    h: usize,
+    p: ActPtrs,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe { kernel_body::<F, R, true>(w, h, p, out, ostride) }
+}
+
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
     w: *const u8,
     h: usize,
     p: ActPtrs,
@@ -152,14 +193,14 @@ unsafe fn kernel<F: Fmt, const R: usize>(
             fmt.header_bytes(),
             fmt.sub_quant_bytes(),
         );
-        let off = if F::SIGNED { 0 } else { fmt.offset() };
+        let off = if F::SIGNED && !VNNI { 0 } else { fmt.offset() };
         let mut acc = [_mm256_setzero_ps(); R];
         let mut wv = [_mm256_setzero_si256(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let mut isum = [_mm256_setzero_si256(); R];
             for s in 0..nsub {
-                F::load_sub(blk.add(hb + s * qb), h, &mut wv);
+                F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
                     blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,
                 ));
@@ -175,7 +216,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(
                         };
                         _mm256_set1_epi32(-off * bs as i32)
                     };
-                    let d = idot::<F>(&wv, xb, sub / 4, p0);
+                    let d = idot::<F, VNNI>(&wv, xb, sub / 4, p0);
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
                 }
             }
@@ -218,8 +259,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the pointers must cover what they describe.
+/// With `vnni`, the AVX-VNNI kernels (the caller checked the feature).
 pub(crate) unsafe fn dot_group(
     fmt: KFormat,
+    vnni: bool,
     w: *const u8,
     p: ActPtrs,
     t: usize,
@@ -229,11 +272,15 @@ pub(crate) unsafe fn dot_group(
     macro_rules! tiles {
         ($f:ty, $p:expr, $t:expr, $out:expr) => {
             for h in 0..2 {
-                match $t {
-                    4 => kernel::<$f, 4>(w, h, $p, $out, ostride),
-                    3 => kernel::<$f, 3>(w, h, $p, $out, ostride),
-                    2 => kernel::<$f, 2>(w, h, $p, $out, ostride),
-                    _ => kernel::<$f, 1>(w, h, $p, $out, ostride),
+                match ($t, vnni) {
+                    (4, false) => kernel::<$f, 4>(w, h, $p, $out, ostride),
+                    (3, false) => kernel::<$f, 3>(w, h, $p, $out, ostride),
+                    (2, false) => kernel::<$f, 2>(w, h, $p, $out, ostride),
+                    (_, false) => kernel::<$f, 1>(w, h, $p, $out, ostride),
+                    (4, true) => kernel_vnni::<$f, 4>(w, h, $p, $out, ostride),
+                    (3, true) => kernel_vnni::<$f, 3>(w, h, $p, $out, ostride),
+                    (2, true) => kernel_vnni::<$f, 2>(w, h, $p, $out, ostride),
+                    (_, true) => kernel_vnni::<$f, 1>(w, h, $p, $out, ostride),
                 }
             }
         };

@@ -547,7 +547,7 @@ pub fn quantize_row_k(x: &[f32], q: &mut [i8], d: &mut [f32], bs16: &mut [i16], 
             // SAFETY: the level was detected; the slices have the lengths asserted above.
             if isa == Isa::Avx512Vnni {
                 d[b] = unsafe { avx512::quantize_block(xs, qb, b16) };
-            } else if isa == Isa::Avx2 {
+            } else if isa >= Isa::Avx2 {
                 d[b] = unsafe { avx2::quantize_block(xs, qb, b16) };
             } else {
                 d[b] = quantize_block_scalar(xs, qb, b16);
@@ -722,7 +722,8 @@ fn kernel_group(
             if isa == Isa::Avx512Vnni {
                 avx512::dot_group(fmt, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
             } else {
-                avx2::dot_group(fmt, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
+                let vnni = isa == Isa::AvxVnni;
+                avx2::dot_group(fmt, vnni, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
             }
         }
         return;

@@ -169,3 +169,159 @@ pub unsafe fn dot_float<const R: usize>(
         out
     }
 }
+
+/// How one 16-row interleaved type (see [`crate::pack`]) feeds the AVX2 group kernel.
+pub trait GroupBlock {
+    /// Bytes of one group block.
+    const BYTES: usize;
+    /// Right shift turning the activations' `−128·Σx` into the offset the stored unsigned
+    /// weights carry (used where the weights are multiplied as unsigned).
+    const CORR_SHIFT: i32;
+    /// Integer dot of the eight rows of half `h` of the group block at `blk` with the 32
+    /// activations at `x`: `p + Σ w·x` per row (exact).
+    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, p: __m256i) -> __m256i;
+}
+
+pub struct Q8_0;
+pub struct Q4_0;
+
+#[inline(always)]
+unsafe fn x4(x: *const i8, c: usize) -> __m256i {
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(x.add(4 * c) as *const i32)) }
+}
+
+/// `p + Σ u·x` over four-byte groups with `vpdpbusd` (AVX-VNNI) or its AVX2 emulation, for
+/// unsigned `u` small enough that two `vpmaddubsw` pair sums fit i16 (`u` ≤ 63).
+#[inline(always)]
+unsafe fn dp_small<const VNNI: bool>(p: __m256i, w: [__m256i; 2], x: [__m256i; 2]) -> __m256i {
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(p, w[0], x[0]), w[1], x[1])
+        } else {
+            let s = _mm256_add_epi16(
+                _mm256_maddubs_epi16(w[0], x[0]),
+                _mm256_maddubs_epi16(w[1], x[1]),
+            );
+            _mm256_add_epi32(p, _mm256_madd_epi16(s, _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+impl GroupBlock for Q8_0 {
+    const BYTES: usize = 16 * 34;
+    const CORR_SHIFT: i32 = 0;
+    #[inline(always)]
+    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, mut p: __m256i) -> __m256i {
+        unsafe {
+            for c in 0..8 {
+                let w = _mm256_loadu_si256(blk.add(32 + 64 * c + 32 * h) as *const __m256i);
+                if VNNI {
+                    p = _mm256_dpbusd_avx_epi32(p, w, x4(x, c));
+                } else {
+                    // The stored `q + 128` would saturate `vpmaddubsw`: multiply the signed `q`
+                    // with the sign trick instead (|q| ≤ 128, pair sums ≤ 32512).
+                    let q = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+                    let m = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4(x, c), q));
+                    p = _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)));
+                }
+            }
+            p
+        }
+    }
+}
+
+impl GroupBlock for Q4_0 {
+    const BYTES: usize = 16 * 18;
+    const CORR_SHIFT: i32 = 4;
+    #[inline(always)]
+    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, mut p: __m256i) -> __m256i {
+        unsafe {
+            let mask = _mm256_set1_epi8(0x0f);
+            for k in 0..4 {
+                let v = _mm256_loadu_si256(blk.add(32 + 64 * k + 32 * h) as *const __m256i);
+                let w = [
+                    _mm256_and_si256(v, mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                ];
+                p = dp_small::<VNNI>(p, w, [x4(x, 2 * k), x4(x, 2 * k + 1)]);
+            }
+            p
+        }
+    }
+}
+
+/// The AVX2 / AVX-VNNI counterpart of [`super::avx512::dot_r16`]: one group of 16 interleaved
+/// rows against `R` activation rows, as two halves of eight rows. Same integer sums (exact) and
+/// the same float operations per output, so the same bits as the other levels.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
+unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                let blk = w.add(b * G::BYTES);
+                let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
+                for r in 0..R {
+                    // Unsigned products (VNNI, Q4_0) start from the correction; the sign trick
+                    // (AVX2 Q8_0) multiplies the signed weights directly.
+                    let start = if VNNI || G::CORR_SHIFT != 0 {
+                        _mm256_set1_epi32(*xc.add(r * bstride + b) >> G::CORR_SHIFT)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    let ip = G::idot::<VNNI>(blk, h, xq.add(r * qstride + 32 * b), start);
+                    let s = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(r * bstride + b)));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), s, acc[r]);
+                }
+            }
+            for r in 0..R {
+                _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+            }
+        }
+    }
+}
+
+/// [`dot_r16_body`] on AVX2 + FMA + F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dot_r16<G: GroupBlock, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe { dot_r16_body::<G, R, false>(w, nb, xq, qstride, xd, xc, bstride, out, ostride) }
+}
+
+/// [`dot_r16_body`] with AVX-VNNI's 256-bit `vpdpbusd`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dot_r16_vnni<G: GroupBlock, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe { dot_r16_body::<G, R, true>(w, nb, xq, qstride, xd, xc, bstride, out, ostride) }
+}

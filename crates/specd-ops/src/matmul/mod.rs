@@ -73,7 +73,7 @@ pub fn matmul_many(
     let superblocks = ws
         .iter()
         .all(|w| matches!(w.wtype, WeightType::KR16(_)) && w.cols == cols);
-    let fused = isa == Isa::Avx512Vnni
+    let fused = isa >= Isa::Avx2
         && ws
             .iter()
             .all(|w| w.wtype.interleaved_from().is_some() && w.cols == cols);
@@ -122,7 +122,7 @@ pub fn matmul_with(
     if n == 0 {
         return Ok(());
     }
-    let isa = isa.min(*Isa::available().last().unwrap_or(&Isa::Scalar));
+    let isa = isa.supported();
     if let WeightType::K(_) | WeightType::KR16(_) = w.wtype {
         let targets = [(w, SyncPtr(out.as_mut_ptr()))];
         kquant::run(isa, &targets, &KActs::new(x, n, w.cols), n);
@@ -379,6 +379,53 @@ fn kernel_r16(
                 by_tile!(t, go, avx512::Q8_0)
             } else {
                 by_tile!(t, go, avx512::Q4_0)
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: as above, for the AVX2 (and, with `vnni`, AVX-VNNI) level.
+        unsafe {
+            let (q, d, c) = (
+                a.q.as_ptr().add(r * a.cols),
+                a.d.as_ptr().add(r * a.nb),
+                a.c.as_ptr().add(r * a.nb),
+            );
+            let vnni = isa == Isa::AvxVnni;
+            macro_rules! go {
+                ($g:ty, $r:literal) => {
+                    if vnni {
+                        avx2::dot_r16_vnni::<$g, $r>(
+                            wg.as_ptr(),
+                            a.nb,
+                            q,
+                            a.cols,
+                            d,
+                            c,
+                            a.nb,
+                            out.as_mut_ptr(),
+                            ostride,
+                        )
+                    } else {
+                        avx2::dot_r16::<$g, $r>(
+                            wg.as_ptr(),
+                            a.nb,
+                            q,
+                            a.cols,
+                            d,
+                            c,
+                            a.nb,
+                            out.as_mut_ptr(),
+                            ostride,
+                        )
+                    }
+                };
+            }
+            if base == WeightType::Q8_0 {
+                by_tile!(t, go, avx2::Q8_0)
+            } else {
+                by_tile!(t, go, avx2::Q4_0)
             }
         }
         return;
