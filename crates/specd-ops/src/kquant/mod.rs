@@ -49,8 +49,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+use crate::matmul::{run_grouped, Grouped};
 use crate::pack::GROUP;
-use crate::parallel::{chunk_len, SyncPtr};
+use crate::parallel::SyncPtr;
 use crate::weight::{Weight, WeightType};
 use crate::{Isa, OpsError};
 use half::f16;
@@ -628,69 +629,47 @@ fn dot_decoded(fmt: KFormat, blocks: impl Iterator<Item = Decoded>, a: &KActs, i
 }
 
 /// Computes `out[i][o]` for every activation row `i` and weight row `o` of `targets` (matrices of
-/// [`WeightType::K`] or [`WeightType::KR16`] reading the same `cols`) in one parallel region:
-/// threads split each matrix's groups of 16 output columns, plus one item per matrix for the rows
-/// in ggml layout (tail rows, or all rows of an unpacked matrix).
+/// [`WeightType::K`] or [`WeightType::KR16`] reading the same `cols`) in one parallel region
+/// (see [`crate::matmul::run_grouped`]; an unpacked matrix is all tail rows).
 pub(crate) fn run(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &KActs, n: usize) {
-    const ROW_BLOCK: usize = 16;
-    const TILE: usize = 8;
-    let mut items = Vec::new();
-    let mut chunks = Vec::with_capacity(targets.len());
-    for (ti, (w, _)) in targets.iter().enumerate() {
-        let groups = if matches!(w.wtype, WeightType::KR16(_)) {
-            w.rows / GROUP
-        } else {
-            0
-        };
-        let chunk = chunk_len(groups, 1, 1);
-        let n_chunks = groups.div_ceil(chunk);
-        let tail = usize::from(groups * GROUP < w.rows);
-        items.extend((0..n_chunks + tail).map(|c| (ti, c)));
-        chunks.push((groups, chunk, n_chunks));
-    }
-    items.into_par_iter().for_each(|(ti, c)| {
-        let (w, out_ptr) = (targets[ti].0, targets[ti].1);
-        let (groups, chunk, n_chunks) = chunks[ti];
-        let fmt = match w.wtype {
-            WeightType::K(f) | WeightType::KR16(f) => f,
-            _ => return,
-        };
-        let rows = w.rows;
-        let nbk = w.cols / QK_K;
-        let gbytes = nbk * fmt.group_block_bytes();
-        let bytes = w.bytes();
-        if c == n_chunks {
-            let rb = nbk * fmt.block_bytes();
-            let base = groups * gbytes;
-            for o in groups * GROUP..rows {
-                let at = base + (o - groups * GROUP) * rb;
-                let wrow = &bytes[at..at + rb];
-                for i in 0..n {
-                    let blocks = wrow.chunks_exact(fmt.block_bytes()).map(|b| decode(fmt, b));
-                    let v = dot_decoded(fmt, blocks, a, i);
-                    // SAFETY: tail columns belong to this item only; `i < n`.
-                    unsafe { out_ptr.write(i * rows + o, v) };
-                }
+    let fmt_of = |w: &Weight| match w.wtype {
+        WeightType::K(f) | WeightType::KR16(f) => f,
+        // Callers pass super-block matrices only; any format reads the shape checks the same.
+        _ => KFormat::Q4K,
+    };
+    let grouped: Vec<Grouped> = targets
+        .iter()
+        .map(|&(w, out)| {
+            let fmt = fmt_of(w);
+            let nbk = w.cols / QK_K;
+            Grouped {
+                w,
+                out,
+                groups: if matches!(w.wtype, WeightType::KR16(_)) {
+                    w.rows / GROUP
+                } else {
+                    0
+                },
+                group_bytes: nbk * fmt.group_block_bytes(),
+                tail_row_bytes: nbk * fmt.block_bytes(),
             }
-            return;
-        }
-        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
-        for r0 in (0..n).step_by(ROW_BLOCK) {
-            let r1 = (r0 + ROW_BLOCK).min(n);
-            for g in g0..g1 {
-                let wg = &bytes[g * gbytes..(g + 1) * gbytes];
-                let mut r = r0;
-                while r < r1 {
-                    let t = (r1 - r).min(TILE);
-                    // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+t` < n.
-                    let o =
-                        unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (t - 1) * rows + GROUP) };
-                    kernel_group(isa, fmt, wg, a, r, t, o, rows);
-                    r += t;
-                }
-            }
-        }
-    });
+        })
+        .collect();
+    let fmt = |ti: usize| fmt_of(targets[ti].0);
+    run_grouped(
+        &grouped,
+        n,
+        |ti, wg, r, t, o, ostride| kernel_group(isa, fmt(ti), wg, a, r, t, o, ostride),
+        |ti, wrow, i| {
+            let f = fmt(ti);
+            dot_decoded(
+                f,
+                wrow.chunks_exact(f.block_bytes()).map(|b| decode(f, b)),
+                a,
+                i,
+            )
+        },
+    );
 }
 
 /// One group of 16 interleaved rows (`wg`: all its super-blocks) against activation rows

@@ -179,7 +179,8 @@ pub trait GroupBlock {
     const CORR_SHIFT: i32;
     /// Integer dot of the eight rows of half `h` of the group block at `blk` with the 32
     /// activations at `x`: `p + Σ w·x` per row (exact).
-    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, p: __m256i) -> __m256i;
+    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, p: __m256i)
+        -> __m256i;
 }
 
 pub struct Q8_0;
@@ -211,7 +212,12 @@ impl GroupBlock for Q8_0 {
     const BYTES: usize = 16 * 34;
     const CORR_SHIFT: i32 = 0;
     #[inline(always)]
-    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, mut p: __m256i) -> __m256i {
+    unsafe fn idot<const VNNI: bool>(
+        blk: *const u8,
+        h: usize,
+        x: *const i8,
+        mut p: __m256i,
+    ) -> __m256i {
         unsafe {
             for c in 0..8 {
                 let w = _mm256_loadu_si256(blk.add(32 + 64 * c + 32 * h) as *const __m256i);
@@ -234,7 +240,12 @@ impl GroupBlock for Q4_0 {
     const BYTES: usize = 16 * 18;
     const CORR_SHIFT: i32 = 4;
     #[inline(always)]
-    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, mut p: __m256i) -> __m256i {
+    unsafe fn idot<const VNNI: bool>(
+        blk: *const u8,
+        h: usize,
+        x: *const i8,
+        mut p: __m256i,
+    ) -> __m256i {
         unsafe {
             let mask = _mm256_set1_epi8(0x0f);
             for k in 0..4 {

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 /// kernel is compiled for every tile height.
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_tile {
-    ($t:expr, $go:ident, $ty:ty) => {
+    ($t:expr, $go:ident, $ty:tt) => {
         match $t {
             8 => $go!($ty, 8),
             7 => $go!($ty, 7),
@@ -231,21 +231,21 @@ fn kernel_vnni(
     // in `matmul_with`).
     unsafe {
         macro_rules! go {
-            ($b:ty, $r:literal) => {{
+            ($b:tt, $r:literal) => {{
                 let mut q = [std::ptr::null(); $r];
                 let mut s = [std::ptr::null(); $r];
                 for ((qq, ss), &ri) in q.iter_mut().zip(s.iter_mut()).zip(rows) {
                     *qq = xq.as_ptr().add(ri * cols);
                     *ss = xs.as_ptr().add(ri * ns);
                 }
-                let v = avx512::dot::<$b, $r>(wrow.as_ptr(), nb, q, s);
+                let v = avx512::dot::<avx512::$b, $r>(wrow.as_ptr(), nb, q, s);
                 res.copy_from_slice(&v);
             }};
         }
         if wt == WeightType::Q8_0 {
-            by_tile!(rows.len(), go, avx512::Q8_0)
+            by_tile!(rows.len(), go, Q8_0)
         } else {
-            by_tile!(rows.len(), go, avx512::Q4_0)
+            by_tile!(rows.len(), go, Q4_0)
         }
     }
 }
@@ -282,36 +282,53 @@ impl I8Acts {
     }
 }
 
-/// Interleaved weights: threads split each matrix's groups of 16 output columns (plus one item
-/// per matrix for the tail rows in ggml layout, if any) — all matrices' items in one parallel
-/// region; activation rows are walked in cache-sized blocks and tiles of up to `TILE`, as in
-/// [`run`]. `targets`: each matrix with its `n × rows` output (shapes checked by the caller).
-fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) {
+/// Where a matrix in a 16-row interleaved layout keeps its groups and its tail rows.
+pub(crate) struct Grouped<'a> {
+    pub w: &'a Weight,
+    /// Its `n × rows` output.
+    pub out: SyncPtr<f32>,
+    /// Whole groups of 16 rows, `group_bytes` each, from the start of the matrix.
+    pub groups: usize,
+    pub group_bytes: usize,
+    /// Bytes of one tail row (rows `16·groups..`, in ggml layout after the groups).
+    pub tail_row_bytes: usize,
+}
+
+/// The driver of every interleaved layout: threads split each matrix's groups of 16 output
+/// columns (plus one item per matrix for its tail rows, if any) — all matrices' items in one
+/// parallel region; activation rows are walked in cache-sized blocks and tiles of up to `TILE`,
+/// as in [`run`]. `group(ti, group_bytes, r, t, out, ostride)` computes activation rows
+/// `r..r+t` against one group of matrix `ti`; `tail(ti, row_bytes, i)` one tail row against
+/// activation row `i`. Shapes are checked by the callers.
+pub(crate) fn run_grouped<G, T>(targets: &[Grouped], n: usize, group: G, tail: T)
+where
+    G: Fn(usize, &[u8], usize, usize, &mut [f32], usize) + Sync,
+    T: Fn(usize, &[u8], usize) -> f32 + Sync,
+{
     // (matrix, chunk of groups; the chunk past the last is the tail item)
     let mut items = Vec::new();
     let mut chunks = Vec::with_capacity(targets.len());
-    for (ti, (w, _)) in targets.iter().enumerate() {
-        let groups = w.rows / GROUP;
-        let chunk = chunk_len(groups, 1, 1);
-        let n_chunks = groups.div_ceil(chunk);
-        let tail = usize::from(groups * GROUP < w.rows);
+    for (ti, t) in targets.iter().enumerate() {
+        let chunk = chunk_len(t.groups, 1, 1);
+        let n_chunks = t.groups.div_ceil(chunk);
+        let tail = usize::from(t.groups * GROUP < t.w.rows);
         items.extend((0..n_chunks + tail).map(|c| (ti, c)));
         chunks.push((chunk, n_chunks));
     }
     items.into_par_iter().for_each(|(ti, c)| {
-        let (w, out_ptr) = (targets[ti].0, targets[ti].1);
+        let t = &targets[ti];
         let (chunk, n_chunks) = chunks[ti];
-        let base = w.wtype.interleaved_from().unwrap_or(WeightType::Q8_0);
-        let rows = w.rows;
-        let groups = rows / GROUP;
-        let gbytes = GROUP * w.row_bytes();
-        let bytes = w.bytes();
+        let rows = t.w.rows;
+        let (groups, gbytes) = (t.groups, t.group_bytes);
+        let bytes = t.w.bytes();
+        let out_ptr = t.out;
         if c == n_chunks {
-            let rb = w.row_bytes();
+            let (base, rb) = (groups * gbytes, t.tail_row_bytes);
             for o in groups * GROUP..rows {
-                let wrow = &bytes[o * rb..(o + 1) * rb];
+                let at = base + (o - groups * GROUP) * rb;
+                let wrow = &bytes[at..at + rb];
                 for i in 0..n {
-                    let v = scalar::dot_tail_i8s(base, wrow, a.row(i));
+                    let v = tail(ti, wrow, i);
                     // SAFETY: tail columns belong to this item only; `i < n`.
                     unsafe { out_ptr.write(i * rows + o, v) };
                 }
@@ -325,16 +342,43 @@ fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) 
                 let wg = &bytes[g * gbytes..(g + 1) * gbytes];
                 let mut r = r0;
                 while r < r1 {
-                    let t = (r1 - r).min(TILE);
-                    // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+t` < n.
+                    let tl = (r1 - r).min(TILE);
+                    // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+tl` < n.
                     let o =
-                        unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (t - 1) * rows + GROUP) };
-                    kernel_r16(isa, base, wg, a, r, t, o, rows);
-                    r += t;
+                        unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (tl - 1) * rows + GROUP) };
+                    group(ti, wg, r, tl, o, rows);
+                    r += tl;
                 }
             }
         }
     });
+}
+
+/// Q8_0 / Q4_0 in their interleaved layouts (see [`run_grouped`]).
+fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) {
+    let grouped: Vec<Grouped> = targets
+        .iter()
+        .map(|&(w, out)| Grouped {
+            w,
+            out,
+            groups: w.rows / GROUP,
+            group_bytes: GROUP * w.row_bytes(),
+            tail_row_bytes: w.row_bytes(),
+        })
+        .collect();
+    let base = |ti: usize| {
+        targets[ti]
+            .0
+            .wtype
+            .interleaved_from()
+            .unwrap_or(WeightType::Q8_0)
+    };
+    run_grouped(
+        &grouped,
+        n,
+        |ti, wg, r, t, o, ostride| kernel_r16(isa, base(ti), wg, a, r, t, o, ostride),
+        |ti, wrow, i| scalar::dot_tail_i8s(base(ti), wrow, a.row(i)),
+    );
 }
 
 /// One group of 16 interleaved weight rows against activation rows `r..r+t`: row `r+i`'s 16
@@ -351,81 +395,36 @@ fn kernel_r16(
     ostride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni {
-        // SAFETY: VNNI level detected; `wg` is one whole group of `nb` group blocks; rows
-        // `r..r+t` exist in `a`; `out` covers `(t-1)·ostride + 16` floats.
-        unsafe {
-            let (q, d, c) = (
-                a.q.as_ptr().add(r * a.cols),
-                a.d.as_ptr().add(r * a.nb),
-                a.c.as_ptr().add(r * a.nb),
-            );
-            macro_rules! go {
-                ($g:ty, $r:literal) => {
-                    avx512::dot_r16::<$g, $r>(
-                        wg.as_ptr(),
-                        a.nb,
-                        q,
-                        a.cols,
-                        d,
-                        c,
-                        a.nb,
-                        out.as_mut_ptr(),
-                        ostride,
-                    )
-                };
-            }
-            if base == WeightType::Q8_0 {
-                by_tile!(t, go, avx512::Q8_0)
-            } else {
-                by_tile!(t, go, avx512::Q4_0)
-            }
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        // SAFETY: as above, for the AVX2 (and, with `vnni`, AVX-VNNI) level.
+        // SAFETY: the level was detected (AVX-512 VNNI, AVX-VNNI or AVX2 as `isa` says); `wg`
+        // is one whole group of `nb` group blocks; rows `r..r+t` exist in `a`; `out` covers
+        // `(t-1)·ostride + 16` floats.
         unsafe {
             let (q, d, c) = (
                 a.q.as_ptr().add(r * a.cols),
                 a.d.as_ptr().add(r * a.nb),
                 a.c.as_ptr().add(r * a.nb),
             );
-            let vnni = isa == Isa::AvxVnni;
+            let (w, o) = (wg.as_ptr(), out.as_mut_ptr());
             macro_rules! go {
-                ($g:ty, $r:literal) => {
-                    if vnni {
-                        avx2::dot_r16_vnni::<$g, $r>(
-                            wg.as_ptr(),
-                            a.nb,
-                            q,
-                            a.cols,
-                            d,
-                            c,
-                            a.nb,
-                            out.as_mut_ptr(),
-                            ostride,
-                        )
-                    } else {
-                        avx2::dot_r16::<$g, $r>(
-                            wg.as_ptr(),
-                            a.nb,
-                            q,
-                            a.cols,
-                            d,
-                            c,
-                            a.nb,
-                            out.as_mut_ptr(),
-                            ostride,
-                        )
+                ($g:tt, $r:literal) => {
+                    match isa {
+                        Isa::Avx512Vnni => avx512::dot_r16::<avx512::$g, $r>(
+                            w, a.nb, q, a.cols, d, c, a.nb, o, ostride,
+                        ),
+                        Isa::AvxVnni => avx2::dot_r16_vnni::<avx2::$g, $r>(
+                            w, a.nb, q, a.cols, d, c, a.nb, o, ostride,
+                        ),
+                        _ => avx2::dot_r16::<avx2::$g, $r>(
+                            w, a.nb, q, a.cols, d, c, a.nb, o, ostride,
+                        ),
                     }
                 };
             }
             if base == WeightType::Q8_0 {
-                by_tile!(t, go, avx2::Q8_0)
+                by_tile!(t, go, Q8_0)
             } else {
-                by_tile!(t, go, avx2::Q4_0)
+                by_tile!(t, go, Q4_0)
             }
         }
         return;
