@@ -73,8 +73,7 @@ impl Isa {
     pub fn supported(self) -> Isa {
         Isa::available()
             .into_iter()
-            .filter(|l| *l <= self)
-            .next_back()
+            .rfind(|l| *l <= self)
             .unwrap_or(Isa::Scalar)
     }
 
@@ -120,8 +119,7 @@ pub fn isa() -> Isa {
         };
         levels
             .into_iter()
-            .filter(|l| *l <= cap)
-            .next_back()
+            .rfind(|l| *l <= cap)
             .unwrap_or(Isa::Scalar)
     })
 }
