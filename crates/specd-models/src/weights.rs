@@ -47,7 +47,9 @@ fn native(t: TensorType) -> Option<WeightType> {
 }
 
 /// The native type a quantised type without a kernel is converted to: one that holds at least
-/// as many bits per weight, so the conversion loses (almost) nothing.
+/// as many bits per weight. Q5_0 and IQ4_NL become Q8_0 exactly (see [`exact_q8_0`]); the others
+/// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
+/// weight).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
@@ -60,6 +62,30 @@ fn conversion_target(t: TensorType, cols: usize) -> TensorType {
         }
         _ => Q8_0,
     }
+}
+
+/// Q8_0 holding exactly the values of a block-32 type whose blocks are one f16 scale `d` (the
+/// first two bytes) times small integer levels (Q5_0: −16..15, IQ4_NL: its table, −127..113):
+/// each block keeps its `d` and stores the levels as i8 — found by dequantising the block with
+/// `d = 1`. `None` for other types (they are requantised).
+fn exact_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
+    if !matches!(t, TensorType::Q5_0 | TensorType::IQ4_NL) {
+        return None;
+    }
+    let bb = t.type_size();
+    let mut out = Vec::with_capacity(bytes.len() / bb * 34);
+    let mut unit = vec![0u8; bb];
+    let mut levels = [0f32; 32];
+    for blk in bytes.chunks_exact(bb) {
+        unit.copy_from_slice(blk);
+        unit[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
+            return Some(Err(e.into()));
+        }
+        out.extend_from_slice(&blk[..2]);
+        out.extend(levels.iter().map(|&v| v as i8 as u8));
+    }
+    Some(Ok(out))
 }
 
 impl<'a> Loader<'a> {
@@ -107,8 +133,10 @@ impl<'a> Loader<'a> {
             }
             None => {
                 let to = conversion_target(tt, cols);
-                let data = view.to_f32()?;
-                let bytes = specd_gguf::quant::quantize(to, &data)?;
+                let bytes = match exact_q8_0(tt, view.bytes()) {
+                    Some(b) => b?,
+                    None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,
+                };
                 let wt = native(to).ok_or_else(|| {
                     ModelError::Invalid(format!("conversion target {to} has no kernel"))
                 })?;

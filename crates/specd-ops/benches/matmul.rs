@@ -2,13 +2,17 @@
 //! `cargo bench -p specd-ops --bench matmul`.
 //!
 //! Prints the best-of-N time per call (the minimum is the figure least disturbed by other load on
-//! the machine) for a Qwen3.5-0.8B FFN-shaped Q8_0 / Q4_0 matrix, and each width's cost relative
-//! to one row — the number that decides whether a verification batch costs about one plain step.
+//! the machine) for a Qwen3.5-0.8B FFN-shaped matrix of every native quantised type, and each
+//! width's cost relative to one row — the number that decides whether a verification batch costs
+//! about one plain step.
 
-use specd_ops::{matmul_with, Isa, Weight, WeightType};
+use specd_ops::{matmul_with, Isa, KFormat, Weight, WeightType};
 use std::time::Instant;
 
 fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
+    if let WeightType::K(f) | WeightType::KR16(f) = wt {
+        return kweight(f, rows, cols);
+    }
     let nb = rows * cols / 32;
     let bb = wt.block_bytes();
     let mut bytes = vec![0u8; nb * bb];
@@ -23,6 +27,31 @@ fn weight(wt: WeightType, rows: usize, cols: usize) -> Weight {
         }
     }
     Weight::from_bytes(wt, rows, cols, bytes).expect("weight")
+}
+
+/// A super-block matrix of random quants (small finite f16 factors), repacked.
+fn kweight(f: KFormat, rows: usize, cols: usize) -> Weight {
+    let bb = f.block_bytes();
+    let mut bytes = vec![0u8; rows * cols / 256 * bb];
+    let mut s = 0x9e3779b97f4a7c15u64;
+    for v in bytes.iter_mut() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        *v = s as u8;
+    }
+    let fields: &[usize] = match f {
+        KFormat::Q4K | KFormat::Q5K => &[0, 2],
+        KFormat::Q6K => &[208],
+        KFormat::IQ4XS => &[0],
+    };
+    for b in bytes.chunks_exact_mut(bb) {
+        for &p in fields {
+            b[p..p + 2].copy_from_slice(&half::f16::from_f32(0.001).to_le_bytes());
+        }
+    }
+    let w = Weight::from_bytes(WeightType::K(f), rows, cols, bytes).expect("weight");
+    specd_ops::pack::for_current_isa(&w).expect("pack")
 }
 
 /// Fastest of `reps` timings of `f`, in seconds.
@@ -146,14 +175,16 @@ fn main() {
         WeightType::Q8_0R16,
         WeightType::Q4_0,
         WeightType::Q4_0R16,
+        WeightType::KR16(KFormat::Q4K),
+        WeightType::KR16(KFormat::Q5K),
+        WeightType::KR16(KFormat::Q6K),
+        WeightType::KR16(KFormat::IQ4XS),
     ] {
         let w = match wt.interleaved_from() {
             Some(base) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),
             None => weight(wt, rows, cols),
         };
-        let levels = Isa::available().into_iter().filter(|i| *i != Isa::Scalar);
-        // Interleaved rows are only read natively on the VNNI level.
-        for isa in levels.filter(|i| wt.interleaved_from().is_none() || *i == Isa::Avx512Vnni) {
+        for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
             let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
             let mut base = 0.0;
             for n in [1usize, 2, 4, 8, 16, 32] {
