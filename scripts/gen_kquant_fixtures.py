@@ -16,6 +16,7 @@ including signs, zero and subnormal scales and the largest 6-bit sub-scales), an
 can quantise, the quantisation of random normal data (the realistic case).
 
 Usage: pip install gguf numpy && python3 scripts/gen_kquant_fixtures.py
+   (or, with llama.cpp's own copy: PYTHONPATH=~/.cache/specd-peer/llama.cpp/gguf-py python3 ...)
 The output is deterministic (fixed seed); re-running it must not change the committed files.
 """
 import os
@@ -40,6 +41,8 @@ SCALE_FIELDS = {
     T.Q4_K: [0, 2],
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
+    T.IQ4_NL: [0],
+    T.IQ4_XS: [0],
 }
 # Types gguf-py quantises and specd's `quantize` supports too: their bytes must agree.
 QUANTIZE_TOO = {T.Q8_0, T.Q4_0, T.BF16}
@@ -69,7 +72,9 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(20240611)
     total = 0
-    for qtype in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.BF16, T.F16]:
+    # New types go at the end: the random stream of the earlier ones must not change.
+    for qtype in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.BF16, T.F16,
+                  T.IQ4_NL, T.IQ4_XS]:
         bs, ts = GGML_QUANT_SIZES[qtype]
         name = qtype.name.lower()
         parts = []

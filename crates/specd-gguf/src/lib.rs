@@ -7,6 +7,7 @@
 //! ~1 GB synthetic models to disk. Block (de)quantisation of the K-quants does come from candle.
 
 mod error;
+mod iq4;
 pub mod quant;
 mod reader;
 mod types;
@@ -17,7 +18,7 @@ pub use error::GgufError;
 pub use reader::{GgufFile, SharedBytes, TensorInfo, TensorView};
 pub use types::TensorType;
 pub use value::{GgufValue, ValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, TensorSink};
 
 /// `GGUF` in little-endian.
 pub const GGUF_MAGIC: u32 = 0x4655_4747;

@@ -1,6 +1,6 @@
 //! Block (de)quantisation. Q8_0 and Q4_0 are written here to match ggml's reference rounding bit
-//! for bit (files specd writes must read the same in llama.cpp); the other block types go
-//! through candle's `k_quants` implementations.
+//! for bit (files specd writes must read the same in llama.cpp); IQ4_NL and IQ4_XS are specd's
+//! own ([`crate::iq4`]); the other block types go through candle's `k_quants` implementations.
 
 use crate::{GgufError, TensorType};
 use candle_core::quantized::k_quants::{
@@ -115,6 +115,8 @@ pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), Gg
         TensorType::Q4_K => deq::<BlockQ4K>(bytes, out)?,
         TensorType::Q5_K => deq::<BlockQ5K>(bytes, out)?,
         TensorType::Q6_K => deq::<BlockQ6K>(bytes, out)?,
+        TensorType::IQ4_NL => crate::iq4::dequantize_iq4_nl(bytes, out),
+        TensorType::IQ4_XS => crate::iq4::dequantize_iq4_xs(bytes, out),
         _ => {
             return Err(GgufError::UnsupportedTensorType {
                 name: String::new(),
@@ -125,7 +127,8 @@ pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), Gg
     Ok(())
 }
 
-/// Quantises `x` to type `t` (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
+/// Quantises `x` to type `t`: every type [`TensorType::can_dequantize`] accepts (F32, F16, BF16,
+/// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS).
 pub fn quantize(t: TensorType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
     if !x.len().is_multiple_of(t.block_size()) {
         return Err(GgufError::Invalid(format!(
@@ -177,9 +180,16 @@ pub fn quantize(t: TensorType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
             }
             out
         }
+        TensorType::Q4_1 => quant::<BlockQ4_1>(x),
+        TensorType::Q5_0 => quant::<BlockQ5_0>(x),
+        TensorType::Q5_1 => quant::<BlockQ5_1>(x),
+        TensorType::Q2_K => quant::<BlockQ2K>(x),
+        TensorType::Q3_K => quant::<BlockQ3K>(x),
         TensorType::Q4_K => quant::<BlockQ4K>(x),
         TensorType::Q5_K => quant::<BlockQ5K>(x),
         TensorType::Q6_K => quant::<BlockQ6K>(x),
+        TensorType::IQ4_NL => crate::iq4::quantize_iq4_nl(x),
+        TensorType::IQ4_XS => crate::iq4::quantize_iq4_xs(x),
         _ => {
             return Err(GgufError::UnsupportedTensorType {
                 name: String::new(),

@@ -170,12 +170,25 @@ impl TensorType {
     pub fn name(self) -> String {
         format!("{self:?}").to_ascii_lowercase()
     }
-    /// Can [`crate::quant::dequantize`] read it?
+    /// Can [`crate::quant::dequantize`] read it (and [`crate::quant::quantize`] write it)?
     pub fn can_dequantize(self) -> bool {
         use TensorType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | IQ4_NL
+                | IQ4_XS
         )
     }
     /// Parses a type name (`q8_0`, `F16`, ...).

@@ -1,5 +1,11 @@
 //! Writing GGUF files (version 3). Tensor data is streamed to disk; the file appears atomically
 //! (written to `path.tmp`, then renamed).
+//!
+//! Tensors are either added with their data ([`GgufWriter::add_tensor`]) or only declared
+//! ([`GgufWriter::declare_tensor`]) and produced while the file is written
+//! ([`GgufWriter::write_streaming`]): the header needs only names, shapes and types, so a
+//! generator can make and quantise one tensor (or a few rows) at a time and a model far larger
+//! than memory can be written.
 
 use crate::value::{GgufValue, ValueType};
 use crate::{quant, GgufError, TensorType, DEFAULT_ALIGNMENT, GGUF_MAGIC};
@@ -11,7 +17,39 @@ struct PendingTensor {
     name: String,
     dims: Vec<u64>,
     ttype: TensorType,
-    data: Vec<u8>,
+    /// `None` for a declared tensor whose bytes come from the streaming callback.
+    data: Option<Vec<u8>>,
+    /// Byte size of the data.
+    nbytes: u64,
+}
+
+/// Where a streaming callback writes one tensor's bytes (in order, any number of calls).
+pub struct TensorSink<'a> {
+    out: &'a mut dyn Write,
+    name: &'a str,
+    want: u64,
+    written: u64,
+}
+
+impl TensorSink<'_> {
+    /// Appends bytes of the current tensor.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
+        self.written += bytes.len() as u64;
+        if self.written > self.want {
+            return Err(GgufError::BadTensor {
+                name: self.name.into(),
+                detail: format!("more than the {} bytes declared", self.want),
+            });
+        }
+        self.out.write_all(bytes).map_err(|e| GgufError::BadTensor {
+            name: self.name.into(),
+            detail: format!("writing: {e}"),
+        })
+    }
+    /// Bytes still expected.
+    pub fn remaining(&self) -> u64 {
+        self.want - self.written
+    }
 }
 
 /// Builds a GGUF file.
@@ -114,6 +152,26 @@ impl GgufWriter {
         ttype: TensorType,
         data: Vec<u8>,
     ) -> Result<(), GgufError> {
+        self.push(name, dims, ttype, Some(data))
+    }
+
+    /// Declares a tensor whose bytes the callback of [`GgufWriter::write_streaming`] produces.
+    pub fn declare_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ttype: TensorType,
+    ) -> Result<(), GgufError> {
+        self.push(name, dims, ttype, None)
+    }
+
+    fn push(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ttype: TensorType,
+        data: Option<Vec<u8>>,
+    ) -> Result<(), GgufError> {
         if !self.names.insert(name.to_string()) {
             return Err(GgufError::DuplicateTensor(name.into()));
         }
@@ -130,16 +188,22 @@ impl GgufWriter {
                 dims[0]
             )));
         }
-        let n: u64 = dims.iter().product();
+        let n = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
         let want = n / ttype.block_size() as u64 * ttype.type_size() as u64;
-        if data.len() as u64 != want {
-            return Err(bad(format!("{} bytes given, {want} needed", data.len())));
+        if let Some(data) = &data {
+            if data.len() as u64 != want {
+                return Err(bad(format!("{} bytes given, {want} needed", data.len())));
+            }
         }
         self.tensors.push(PendingTensor {
             name: name.into(),
             dims: dims.to_vec(),
             ttype,
             data,
+            nbytes: want,
         });
         Ok(())
     }
@@ -196,8 +260,36 @@ impl GgufWriter {
         }
     }
 
-    /// Writes the file.
+    /// Writes the file (every tensor must have been added with its data).
     pub fn write(self, path: &Path) -> Result<(), GgufError> {
+        self.write_streaming(path, |name, _| {
+            Err(GgufError::BadTensor {
+                name: name.into(),
+                detail: "declared without data; use write_streaming".into(),
+            })
+        })
+    }
+
+    /// Writes the file, calling `fill` for each declared tensor, in declaration order, to write
+    /// its bytes into the sink (exactly the declared size).
+    pub fn write_streaming(
+        self,
+        path: &Path,
+        mut fill: impl FnMut(&str, &mut TensorSink<'_>) -> Result<(), GgufError>,
+    ) -> Result<(), GgufError> {
+        let r = self.write_impl(path, &mut fill);
+        if r.is_err() {
+            // Best effort: a half-written temporary file is useless.
+            let _ = std::fs::remove_file(path.with_extension("gguf.tmp"));
+        }
+        r
+    }
+
+    fn write_impl(
+        self,
+        path: &Path,
+        fill: &mut dyn FnMut(&str, &mut TensorSink<'_>) -> Result<(), GgufError>,
+    ) -> Result<(), GgufError> {
         let io = |source| GgufError::Io {
             path: path.display().to_string(),
             source,
@@ -238,18 +330,38 @@ impl GgufWriter {
                 }
                 counter.write_all(&t.ttype.id().to_le_bytes())?;
                 counter.write_all(&offset.to_le_bytes())?;
-                offset = (offset + t.data.len() as u64).div_ceil(align) * align;
+                offset = (offset + t.nbytes).div_ceil(align) * align;
             }
             let pad = counter.n.div_ceil(align) * align - counter.n;
-            counter.write_all(&vec![0u8; pad as usize])?;
-            for t in &self.tensors {
-                counter.write_all(&t.data)?;
-                let pad = (t.data.len() as u64).div_ceil(align) * align - t.data.len() as u64;
-                counter.write_all(&vec![0u8; pad as usize])?;
-            }
-            counter.flush()
+            counter.write_all(&vec![0u8; pad as usize])
         })();
         r.map_err(io)?;
+        for t in &self.tensors {
+            match &t.data {
+                Some(d) => counter.write_all(d).map_err(io)?,
+                None => {
+                    let mut sink = TensorSink {
+                        out: &mut counter,
+                        name: &t.name,
+                        want: t.nbytes,
+                        written: 0,
+                    };
+                    fill(&t.name, &mut sink)?;
+                    if sink.written != t.nbytes {
+                        return Err(GgufError::BadTensor {
+                            name: t.name.clone(),
+                            detail: format!(
+                                "{} bytes written, {} declared",
+                                sink.written, t.nbytes
+                            ),
+                        });
+                    }
+                }
+            }
+            let pad = t.nbytes.div_ceil(align) * align - t.nbytes;
+            counter.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+        }
+        counter.flush().map_err(io)?;
         drop(w);
         std::fs::rename(&tmp, path).map_err(io)?;
         Ok(())

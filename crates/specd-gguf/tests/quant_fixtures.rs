@@ -25,8 +25,9 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// Every type issue 2 requires, plus the other formats specd dequantises.
-const TYPES: [&str; 12] = [
+const TYPES: [&str; 14] = [
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16",
+    "iq4_nl", "iq4_xs",
 ];
 
 #[test]
@@ -113,6 +114,6 @@ fn unsupported_types_are_errors() {
         let e = dequantize(t, &vec![0u8; ts], &mut out).unwrap_err();
         assert!(e.to_string().contains(&t.name()), "{e}");
     }
-    let e = quantize(TensorType::Q2_K, &[0.0; 256]).unwrap_err();
-    assert!(e.to_string().contains("q2_k"), "{e}");
+    let e = quantize(TensorType::IQ2_XXS, &[0.0; 256]).unwrap_err();
+    assert!(e.to_string().contains("iq2_xxs"), "{e}");
 }

@@ -150,6 +150,13 @@ fn cases() -> Vec<Case> {
         c("q4_k.2d", &[256, 3], TensorType::Q4_K, 7),
         c("q5_k.2d", &[512, 2], TensorType::Q5_K, 8),
         c("q6_k.2d", &[256, 3], TensorType::Q6_K, 9),
+        c("q4_1.2d", &[64, 3], TensorType::Q4_1, 10),
+        c("q5_0.2d", &[96, 2], TensorType::Q5_0, 11),
+        c("q5_1.2d", &[64, 3], TensorType::Q5_1, 12),
+        c("q2_k.2d", &[256, 3], TensorType::Q2_K, 13),
+        c("q3_k.2d", &[256, 3], TensorType::Q3_K, 14),
+        c("iq4_nl.2d", &[128, 3], TensorType::IQ4_NL, 15),
+        c("iq4_xs.2d", &[512, 2], TensorType::IQ4_XS, 16),
     ]
 }
 
@@ -157,8 +164,9 @@ fn cases() -> Vec<Case> {
 /// correct quantiser stays under on this data. Uniform rounding over a block's ±3σ range gives
 /// step/√12: 4 bits ≈ 0.1, 5 bits ≈ 0.05, 6 bits ≈ 0.025, 8 bits ≈ 0.007 (the K-quants' fitted
 /// scales and mins do a little better); f16 / bf16 round to 11 / 8 significant bits. Measured:
-/// Q4_0 0.080, Q4_K 0.073, Q5_K 0.035, Q6_K 0.018, Q8_0 0.0052, F16 1.6e-4, BF16 1.1e-3 — the
-/// bounds leave ~25 % headroom, so a quantiser that loses one bit fails.
+/// Q4_0 0.080, Q4_1 0.075, Q5_0 0.043, Q5_1 0.038, Q2_K 0.28, Q3_K 0.15, Q4_K 0.073, Q5_K 0.035,
+/// Q6_K 0.018, Q8_0 0.0052, IQ4_NL 0.071, IQ4_XS 0.072, F16 1.6e-4, BF16 1.1e-3 — the bounds
+/// leave ~25 % headroom, so a quantiser that loses one bit fails.
 fn max_rel_rmse(t: TensorType) -> f32 {
     match t {
         TensorType::F32 => 0.0,
@@ -169,6 +177,13 @@ fn max_rel_rmse(t: TensorType) -> f32 {
         TensorType::Q4_K => 0.09,
         TensorType::Q5_K => 0.045,
         TensorType::Q6_K => 0.022,
+        TensorType::Q4_1 => 0.094,
+        TensorType::Q5_0 => 0.055,
+        TensorType::Q5_1 => 0.048,
+        TensorType::Q2_K => 0.35,
+        TensorType::Q3_K => 0.19,
+        TensorType::IQ4_NL => 0.09,
+        TensorType::IQ4_XS => 0.09,
         t => panic!("no bound for {t}"),
     }
 }
@@ -343,7 +358,8 @@ fn raw_tensors_of_every_dequantisable_type_round_trip() {
     // back the same bytes and dequantise them to gguf-py's values.
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let names = [
-        "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0",
+        "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "iq4_nl",
+        "iq4_xs",
     ];
     let mut w = GgufWriter::new();
     let mut want = Vec::new();
@@ -456,4 +472,51 @@ fn add_replaces_an_existing_key() {
     assert_eq!(g.metadata().len(), 2);
     assert_eq!(g.get_u32("k").unwrap(), 2);
     assert!(g.tensors().is_empty());
+}
+
+#[test]
+fn streamed_tensors_write_the_same_file() {
+    // Declared tensors filled in pieces by the streaming callback give exactly the bytes of the
+    // same tensors added with their data.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    build_writer().write(&a).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in all_values() {
+        w.add(k, v);
+    }
+    let cs = cases();
+    for c in &cs {
+        w.declare_tensor(c.name, &c.dims, c.ttype).unwrap();
+    }
+    w.write_streaming(&b, |name, sink| {
+        let c = cs.iter().find(|c| c.name == name).unwrap();
+        let bytes = quantize(c.ttype, &c.input).unwrap();
+        let (first, rest) = bytes.split_at(bytes.len() / 2);
+        sink.write(first)?;
+        sink.write(rest)?;
+        assert_eq!(sink.remaining(), 0);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+
+    // Too few or too many bytes are errors naming the tensor, and leave no file behind.
+    for extra in [-1i64, 1] {
+        let mut w = GgufWriter::new();
+        w.declare_tensor("t", &[32, 2], TensorType::Q8_0).unwrap();
+        let p = dir.path().join("bad.gguf");
+        let e = w
+            .write_streaming(&p, |_, sink| {
+                let n = (2 * 34 + extra) as usize;
+                sink.write(&vec![0u8; n])
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains('t'), "{e}");
+        assert!(!p.exists() && !p.with_extension("gguf.tmp").exists());
+    }
+    // A plain `write` refuses declared tensors.
+    let mut w = GgufWriter::new();
+    w.declare_tensor("t", &[32], TensorType::Q8_0).unwrap();
+    assert!(w.write(&dir.path().join("c.gguf")).is_err());
 }

@@ -10,12 +10,14 @@
 //! and real draft rejections) and [`WeightStyle::Repetitive`] (large tied embeddings → greedy output
 //! that loops, which n-gram drafters love).
 
+pub mod mix;
 mod presets;
 mod rng;
 mod writer;
 
+pub use mix::{Mix, Quant};
 pub use presets::{Preset, TestArch};
-pub use writer::write_model;
+pub use writer::{quant_of, tensor_types, write_model};
 
 use specd_gguf::TensorType;
 
@@ -71,8 +73,12 @@ pub struct TestModelSpec {
     /// Append one MTP (NextN) block.
     pub mtp: bool,
     /// Type of 2-D weight matrices (norms and small vectors stay F32, as llama.cpp's quantizer
-    /// leaves them).
+    /// leaves them), used when `mix` is `None`. Rows whose length does not fit the type's block
+    /// get llama.cpp's fallback type (see [`mix`]).
     pub wtype: TensorType,
+    /// A llama-quantize mix (per-tensor types as `llama-quantize` would choose them); overrides
+    /// `wtype`.
+    pub mix: Option<Mix>,
     pub style: WeightStyle,
     pub seed: u64,
 }

@@ -1,6 +1,6 @@
 //! Named model shapes.
 
-use crate::{TestModelSpec, WeightStyle};
+use crate::{Mix, TestModelSpec, WeightStyle};
 use specd_gguf::TensorType;
 
 /// Architectures the generator writes.
@@ -19,6 +19,10 @@ pub enum Preset {
     Qwen35Small,
     /// qwen35 at Qwen3.5-0.8B shape: 24 layers, hidden 1024, vocab 248320 — benchmarks.
     Qwen35_0_8B,
+    /// qwen35 at Qwen3.5-9B shape: 32 layers, hidden 4096, n_ff 12288, 16 query / 4 KV heads of
+    /// 256, DeltaNet 32 value / 16 key heads of 128, vocab 248320 — benchmarks only (write it in
+    /// a quantised type: ~18 GB as F16).
+    Qwen35_9B,
     /// llama, 2 layers, hidden 64.
     LlamaTiny,
     /// llama, 4 layers, hidden 256.
@@ -26,23 +30,25 @@ pub enum Preset {
 }
 
 impl Preset {
-    /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `llama-tiny`,
-    /// `llama-small`).
+    /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `qwen35-9b`,
+    /// `llama-tiny`, `llama-small`).
     pub fn parse(s: &str) -> Option<Preset> {
         Some(match s {
             "qwen35-tiny" => Preset::Qwen35Tiny,
             "qwen35-small" => Preset::Qwen35Small,
             "qwen35-0.8b" | "qwen35-0.8B" => Preset::Qwen35_0_8B,
+            "qwen35-9b" | "qwen35-9B" => Preset::Qwen35_9B,
             "llama-tiny" => Preset::LlamaTiny,
             "llama-small" => Preset::LlamaSmall,
             _ => return None,
         })
     }
     /// All preset names.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "qwen35-tiny",
         "qwen35-small",
         "qwen35-0.8b",
+        "qwen35-9b",
         "llama-tiny",
         "llama-small",
     ];
@@ -72,6 +78,7 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
         full_attention_interval: 4,
         mtp: false,
         wtype: TensorType::F32,
+        mix: None,
         style: WeightStyle::Varied,
         seed: 42,
     };
@@ -114,6 +121,29 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
             ssm_n_group: 16,
             ssm_n_v_heads: 16,
             wtype: TensorType::Q8_0,
+            ..base
+        },
+        // Qwen3.5-9B's text model (config.json of Qwen/Qwen3.5-9B): hidden 4096, 32 layers (8 ×
+        // (3 DeltaNet + 1 gated attention)), intermediate 12288, attention 16 q / 4 kv heads of
+        // 256 with 64 rotary dims, DeltaNet 32 value / 16 query-key heads of 128, conv 4, vocab
+        // 248320, untied LM head.
+        Preset::Qwen35_9B => TestModelSpec {
+            name: "qwen35-9b".into(),
+            n_vocab: 248_320,
+            n_vocab_trained: 8192,
+            n_embd: 4096,
+            n_layer: 32,
+            n_ff: 12_288,
+            n_head: 16,
+            n_head_kv: 4,
+            head_dim: 256,
+            n_rot: 64,
+            rope_sections: [11, 11, 10, 0],
+            n_ctx_train: 262_144,
+            ssm_d_state: 128,
+            ssm_n_group: 16,
+            ssm_n_v_heads: 32,
+            mix: Some(Mix::Q4_K_M),
             ..base
         },
         Preset::LlamaTiny => TestModelSpec {
