@@ -11,13 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 mod common;
-use common::test_model;
+use common::{kquant_test_model, test_model};
 
 struct Models {
     _dir: tempfile::TempDir,
     hybrid: Arc<Model>,
     repetitive: Arc<Model>,
     llama: Arc<Model>,
+    /// Quantised in a K-quant mix: every native quantised kernel.
+    kquant: Arc<Model>,
     draft: Arc<Model>,
 }
 
@@ -52,6 +54,7 @@ fn models() -> &'static Models {
                 3,
                 false,
             ),
+            kquant: kquant_test_model(d, "k.gguf", 5),
             draft: test_model(
                 d,
                 "d.gguf",
@@ -205,7 +208,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..3,
+        model_kind in 0usize..4,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -214,7 +217,7 @@ proptest! {
         f16_cache in any::<bool>(),
     ) {
         let m = models();
-        let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, _ => &m.llama };
+        let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, 2 => &m.llama, _ => &m.kquant };
         // Only Qwen3.5 files have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && model_kind == 2 { &m.hybrid } else { model };
         let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];

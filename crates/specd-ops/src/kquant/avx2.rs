@@ -1,20 +1,28 @@
-//! AVX2 kernels for the interleaved super-block formats: the same layout and arithmetic as the
-//! AVX-512 VNNI kernels (so the same bits), with each 16-row register split into two halves of
-//! eight rows and `vpdpbusd` emulated by `vpmaddubsw` + `vpmaddwd`.
+//! AVX2 and AVX-VNNI kernels for the interleaved super-block formats: the same layout and the
+//! same integer sums and float operations as the AVX-512 VNNI kernels (so the same bits), with
+//! each 16-row register split into two halves of eight rows.
 //!
-//! `vpmaddubsw` saturates its i16 pair sums, so the integer path is chosen per format to stay
-//! exact: activations are in −127..=127 (see [`super::quantize_row_k`]); with unsigned weights
-//! of at most 6 bits two chunks' pair sums still fit i16 (2·2·63·127 = 32004) and are added
-//! before widening. IQ4_XS's unsigned `u` (up to 241) would saturate, so its kernel uses the
-//! signed table values with the sign trick instead — the integer sums are the same.
+//! With AVX-VNNI the kernels are the AVX-512 ones at half width (`vpdpbusd`, then `vpmulld` by
+//! the sub-block scales). Plain AVX2 has no `vpdpbusd`: `vpmaddubsw` multiplies and adds pairs
+//! into i16 — saturating — and `vpmaddwd` widens pairs to i32. The kernels keep every i16 step
+//! exact and use the widening to apply the sub-block scale at the same time (`vpmaddwd` against
+//! the scale repeated in both halves of each lane), which saves the 32-bit multiply. Activations
+//! are in −127..=127 (see [`super::quantize_row_k`]), so a chunk's pair sums are bounded by
+//! 2·127·|w|max, and [`Fmt::CHUNKS_I16`] chunks are added in i16 before widening: Q4_K (`u` ≤ 15)
+//! all 8 of a sub-block (30480), Q5_K (≤ 31) 4 (31496); Q6_K and IQ4_XS are multiplied as signed
+//! values (`u − 32` ≤ 32 in magnitude: 4 chunks, 32512; IQ4_XS's table values up to 127: one)
+//! with the sign trick, so their offset needs no correction.
 
 use super::{ActPtrs, KFormat, IQ4_VALUES, QK_K};
 use std::arch::x86_64::*;
 
 trait Fmt {
     const F: KFormat;
-    /// Weights are signed (`u − OFF`), multiplied with the sign trick: no offset correction.
+    /// Without VNNI the weights are signed (`u − OFF`), multiplied with the sign trick: no
+    /// offset correction.
     const SIGNED: bool = false;
+    /// Without VNNI: chunks whose `vpmaddubsw` pair sums are added in i16 before widening.
+    const CHUNKS_I16: usize;
     /// Fills `wv[c]` (`c < SUB/4`) with weights `4c..4c+4` of the eight rows of half `h` (as
     /// `u`, or as signed values for a [`Fmt::SIGNED`] format without `VNNI`).
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]);
@@ -39,6 +47,7 @@ unsafe fn nibbles(q: *const u8, h: usize, n: usize, wv: &mut [__m256i; 8]) {
 
 impl Fmt for Q4K {
     const F: KFormat = KFormat::Q4K;
+    const CHUNKS_I16: usize = 8;
     #[inline(always)]
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe { nibbles(q, h, 4, wv) }
@@ -47,6 +56,7 @@ impl Fmt for Q4K {
 
 impl Fmt for Q5K {
     const F: KFormat = KFormat::Q5K;
+    const CHUNKS_I16: usize = 4;
     #[inline(always)]
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
@@ -64,6 +74,8 @@ impl Fmt for Q5K {
 
 impl Fmt for Q6K {
     const F: KFormat = KFormat::Q6K;
+    const SIGNED: bool = true;
+    const CHUNKS_I16: usize = 4;
     #[inline(always)]
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
@@ -78,6 +90,9 @@ impl Fmt for Q6K {
             ];
             for c in 0..4 {
                 wv[c] = _mm256_or_si256(wv[c], _mm256_and_si256(hs[c], m));
+                if !VNNI {
+                    wv[c] = _mm256_sub_epi8(wv[c], _mm256_set1_epi8(32));
+                }
             }
         }
     }
@@ -86,6 +101,7 @@ impl Fmt for Q6K {
 impl Fmt for IQ4XS {
     const F: KFormat = KFormat::IQ4XS;
     const SIGNED: bool = true;
+    const CHUNKS_I16: usize = 1;
     #[inline(always)]
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
@@ -108,45 +124,49 @@ impl Fmt for IQ4XS {
     }
 }
 
-/// Integer dot of sub-block weights `wv` with activations `xb` (`n` chunks of four), added to
-/// `p` — exactly `Σ w·x` (see the module docs for why no step saturates).
 #[inline(always)]
-unsafe fn idot<F: Fmt, const VNNI: bool>(
+unsafe fn x4(xb: *const i8, c: usize) -> __m256i {
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(xb.add(4 * c) as *const i32)) }
+}
+
+/// AVX-VNNI: `p + Σ u·x` over the `n` chunks of a sub-block.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // chunk c pairs with activation bytes 4c..4c+4
+unsafe fn idot_vnni(wv: &[__m256i; 8], xb: *const i8, n: usize, mut p: __m256i) -> __m256i {
+    unsafe {
+        for c in 0..n {
+            p = _mm256_dpbusd_avx_epi32(p, wv[c], x4(xb, c));
+        }
+        p
+    }
+}
+
+/// AVX2: `sc · Σ w·x` over the `n` chunks of a sub-block (`sc16`: the eight rows' scales, each
+/// repeated in both i16 halves of its lane) — exact, see the module docs.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // chunk c pairs with activation bytes 4c..4c+4
+unsafe fn idot_scaled<F: Fmt>(
     wv: &[__m256i; 8],
     xb: *const i8,
     n: usize,
-    mut p: __m256i,
+    sc16: __m256i,
 ) -> __m256i {
     unsafe {
-        let ones = _mm256_set1_epi16(1);
-        macro_rules! x4 {
-            ($c:expr) => {
-                _mm256_set1_epi32(std::ptr::read_unaligned(xb.add(4 * $c) as *const i32))
-            };
-        }
-        for c in (0..n).step_by(2) {
-            let (x0, x1) = (x4!(c), x4!(c + 1));
-            if VNNI {
-                p = _mm256_dpbusd_avx_epi32(p, wv[c], x0);
-                p = _mm256_dpbusd_avx_epi32(p, wv[c + 1], x1);
-            } else if F::SIGNED {
-                let a = _mm256_maddubs_epi16(
-                    _mm256_sign_epi8(wv[c], wv[c]),
-                    _mm256_sign_epi8(x0, wv[c]),
-                );
-                let b = _mm256_maddubs_epi16(
-                    _mm256_sign_epi8(wv[c + 1], wv[c + 1]),
-                    _mm256_sign_epi8(x1, wv[c + 1]),
-                );
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(a, ones));
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(b, ones));
-            } else {
-                let s = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(wv[c], x0),
-                    _mm256_maddubs_epi16(wv[c + 1], x1),
-                );
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
+        let mut p = _mm256_setzero_si256();
+        for g in (0..n).step_by(F::CHUNKS_I16) {
+            let mut s16 = _mm256_setzero_si256();
+            for c in g..g + F::CHUNKS_I16 {
+                let m = if F::SIGNED {
+                    _mm256_maddubs_epi16(
+                        _mm256_sign_epi8(wv[c], wv[c]),
+                        _mm256_sign_epi8(x4(xb, c), wv[c]),
+                    )
+                } else {
+                    _mm256_maddubs_epi16(wv[c], x4(xb, c))
+                };
+                s16 = _mm256_add_epi16(s16, m);
             }
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(s16, sc16));
         }
         p
     }
@@ -193,20 +213,37 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             fmt.header_bytes(),
             fmt.sub_quant_bytes(),
         );
-        let off = if F::SIGNED && !VNNI { 0 } else { fmt.offset() };
+        let off = fmt.offset();
         let mut acc = [_mm256_setzero_ps(); R];
         let mut wv = [_mm256_setzero_si256(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
+            if h == 0 {
+                // The first half's pass streams the group from memory (the second finds it in
+                // cache): prefetch ahead as the AVX-512 kernel does.
+                let pf = blk.wrapping_add(super::avx512::PF_AHEAD);
+                for l in (0..gbb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
+                }
+            }
             let mut isum = [_mm256_setzero_si256(); R];
             for s in 0..nsub {
                 F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
                     blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,
                 ));
+                let sc16 = _mm256_or_si256(
+                    _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
+                    _mm256_slli_epi32::<16>(sc),
+                );
                 for r in 0..R {
                     let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
-                    let p0 = if fmt.has_dmin() || off == 0 {
+                    if !VNNI {
+                        let d = idot_scaled::<F>(&wv, xb, sub / 4, sc16);
+                        isum[r] = _mm256_add_epi32(isum[r], d);
+                        continue;
+                    }
+                    let p0 = if fmt.has_dmin() {
                         _mm256_setzero_si256()
                     } else {
                         let bs = if sub == 16 {
@@ -216,7 +253,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                         };
                         _mm256_set1_epi32(-off * bs as i32)
                     };
-                    let d = idot::<F, VNNI>(&wv, xb, sub / 4, p0);
+                    let d = idot_vnni(&wv, xb, sub / 4, p0);
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
                 }
             }

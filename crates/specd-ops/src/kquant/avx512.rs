@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 /// Bytes ahead of the current super-block that the kernel prefetches (as in the Q8_0 kernel:
 /// without it a few-row tile's compute and the weight stream take turns).
-const PF_AHEAD: usize = 4096;
+pub(super) const PF_AHEAD: usize = 4096;
 
 /// How one format's sub-block quants become `vpdpbusd`'s unsigned operand.
 trait Fmt {

@@ -282,6 +282,14 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..nb {
                 let blk = w.add(b * G::BYTES);
+                if h == 0 {
+                    // The first half's pass streams the group from memory (the second finds it
+                    // in cache): prefetch ahead as the AVX-512 kernel does.
+                    let pf = blk.wrapping_add(super::avx512::PF_AHEAD);
+                    for l in (0..G::BYTES).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
+                    }
+                }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 for r in 0..R {
                     // Unsigned products (VNNI, Q4_0) start from the correction; the sign trick

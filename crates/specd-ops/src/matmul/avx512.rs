@@ -186,7 +186,7 @@ impl GroupBlock for Q4_0 {
 /// let a few-row tile's compute and the weight stream take turns (4 rows of the 0.8B model's
 /// output matrix: 1.24–1.29× one row without, 0.98–1.07× with; `cargo bench --bench matmul`).
 /// Prefetching past the end of the weights is harmless: prefetches never fault.
-const PF_AHEAD: usize = 4096;
+pub(super) const PF_AHEAD: usize = 4096;
 
 /// One group of 16 interleaved weight rows (`nb` blocks of layout `G`, see [`crate::pack`])
 /// against `R` activation rows quantised by [`quantize_row_i8s`]: row `r`'s

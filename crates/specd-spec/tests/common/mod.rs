@@ -1,7 +1,7 @@
 //! Test models shared by the speculation tests.
 
 use specd_models::{Model, ModelOptions};
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use specd_testmodel::{write_model, Mix, Preset, TestModelSpec, WeightStyle};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,8 +19,34 @@ pub fn test_model(
     spec.style = style;
     spec.seed = seed;
     spec.mtp = mtp;
+    load(dir, name, &spec)
+}
+
+/// A qwen35 model 256 wide (every matrix row whole 256-weight super-blocks) in the
+/// `q4_k_xl` mix: Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and IQ4_NL (→ Q8_0 at load) matrices — every
+/// native quantised kernel runs in it. With an MTP head. Same tokenizer as the tiny preset.
+#[allow(dead_code)] // used by the exactness tests only
+pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
+    let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
+    spec.n_embd = 256;
+    spec.n_ff = 256;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.head_dim = 64;
+    spec.n_rot = 16;
+    spec.rope_sections = [3, 3, 2, 0];
+    spec.ssm_d_state = 32;
+    spec.ssm_n_group = 4;
+    spec.ssm_n_v_heads = 8;
+    spec.mix = Some(Mix::Q4KXl);
+    spec.seed = seed;
+    spec.mtp = true;
+    load(dir, name, &spec)
+}
+
+fn load(dir: &Path, name: &str, spec: &TestModelSpec) -> Arc<Model> {
     let p = dir.join(name);
-    write_model(&spec, &p).unwrap();
+    write_model(spec, &p).unwrap();
     let opts = ModelOptions {
         n_threads: 2,
         n_ubatch: 64,
