@@ -193,3 +193,25 @@ impl<'a> Loader<'a> {
         Ok(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specd_gguf::quant::{dequantize, quantize};
+
+    #[test]
+    fn q5_0_and_iq4_nl_become_q8_0_exactly() {
+        let x: Vec<f32> = (0..32 * 64)
+            .map(|i| ((i * 7919 % 401) as f32 - 200.0) * 1e-3 * (1 + i / 320) as f32)
+            .collect();
+        for t in [TensorType::Q5_0, TensorType::IQ4_NL] {
+            let src = quantize(t, &x).unwrap();
+            let q8 = exact_q8_0(t, &src).unwrap().unwrap();
+            let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+            dequantize(t, &src, &mut a).unwrap();
+            dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
+            assert_eq!(a, b, "{t}");
+        }
+        assert!(exact_q8_0(TensorType::Q4_1, &[]).is_none());
+    }
+}

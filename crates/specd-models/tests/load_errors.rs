@@ -224,17 +224,17 @@ fn missing_and_mistyped_keys_are_named() {
 #[test]
 fn unsupported_tensor_type_is_named() {
     let f = files();
-    // IQ4_NL: a real llama.cpp type (18-byte blocks of 32) that specd cannot dequantise.
-    let e = load_err(&f.llama, "iq4nl", keep_kv, |n, (dims, tt, b)| {
+    // MXFP4: a real llama.cpp type (17-byte blocks of 32) that specd cannot decode.
+    let e = load_err(&f.llama, "mxfp4", keep_kv, |n, (dims, tt, b)| {
         if n == "blk.0.ffn_up.weight" {
             let blocks = (dims[0] * dims[1] / 32) as usize;
-            Some((dims, TensorType::IQ4_NL, vec![0; blocks * 18]))
+            Some((dims, TensorType::MXFP4, vec![0; blocks * 17]))
         } else {
             Some((dims, tt, b))
         }
     });
     assert_names(&e, "blk.0.ffn_up.weight");
-    assert_names(&e, "iq4_nl");
+    assert_names(&e, "mxfp4");
 }
 
 /// Logits of `tokens` decoded as one batch from a fresh sequence.
