@@ -1,10 +1,9 @@
 //! Turning GGUF tensors into kernel-ready weights.
 //!
-//! Types with a native kernel stay quantised: F32, F16, BF16, Q8_0 and Q4_0 stay in the memory
-//! map (no copy) — except on AVX-512 VNNI CPUs, where Q8_0 / Q4_0 are repacked once into 16-row
-//! interleaved groups (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block
-//! formats (Q4_K, Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level
-//! (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
+//! Types with a native kernel stay quantised: F32, F16 and BF16 stay in the memory map (no copy);
+//! Q8_0, Q4_0 and IQ4_NL are repacked once into 16-row interleaved groups on AVX2 and above
+//! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block formats (Q4_K,
+//! Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
 //! nearest native type that holds it (block-32 types to Q8_0, the 2–3-bit super-block types to
 //! Q4_K), with a warning naming the tensor — never to F32.
 
@@ -38,6 +37,7 @@ fn native(t: TensorType) -> Option<WeightType> {
         TensorType::BF16 => WeightType::BF16,
         TensorType::Q8_0 => WeightType::Q8_0,
         TensorType::Q4_0 => WeightType::Q4_0,
+        TensorType::IQ4_NL => WeightType::IQ4NL,
         TensorType::Q4_K => WeightType::K(KFormat::Q4K),
         TensorType::Q5_K => WeightType::K(KFormat::Q5K),
         TensorType::Q6_K => WeightType::K(KFormat::Q6K),
@@ -47,7 +47,7 @@ fn native(t: TensorType) -> Option<WeightType> {
 }
 
 /// The native type a quantised type without a kernel is converted to: one that holds at least
-/// as many bits per weight. Q5_0 and IQ4_NL become Q8_0 exactly (see [`exact_q8_0`]); the others
+/// as many bits per weight. Q5_0 becomes Q8_0 exactly (see [`exact_q8_0`]); the others
 /// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
 /// weight).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
@@ -65,11 +65,11 @@ fn conversion_target(t: TensorType, cols: usize) -> TensorType {
 }
 
 /// Q8_0 holding exactly the values of a block-32 type whose blocks are one f16 scale `d` (the
-/// first two bytes) times small integer levels (Q5_0: −16..15, IQ4_NL: its table, −127..113):
-/// each block keeps its `d` and stores the levels as i8 — found by dequantising the block with
-/// `d = 1`. `None` for other types (they are requantised).
+/// first two bytes) times small integer levels (Q5_0: −16..15): each block keeps its `d` and
+/// stores the levels as i8 — found by dequantising the block with `d = 1`. `None` for other
+/// types (they are requantised).
 fn exact_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
-    if !matches!(t, TensorType::Q5_0 | TensorType::IQ4_NL) {
+    if t != TensorType::Q5_0 {
         return None;
     }
     let bb = t.type_size();
@@ -200,11 +200,11 @@ mod tests {
     use specd_gguf::quant::{dequantize, quantize};
 
     #[test]
-    fn q5_0_and_iq4_nl_become_q8_0_exactly() {
+    fn q5_0_becomes_q8_0_exactly() {
         let x: Vec<f32> = (0..32 * 64)
             .map(|i| ((i * 7919 % 401) as f32 - 200.0) * 1e-3 * (1 + i / 320) as f32)
             .collect();
-        for t in [TensorType::Q5_0, TensorType::IQ4_NL] {
+        for t in [TensorType::Q5_0] {
             let src = quantize(t, &x).unwrap();
             let q8 = exact_q8_0(t, &src).unwrap().unwrap();
             let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);

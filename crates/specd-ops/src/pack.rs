@@ -51,8 +51,10 @@ pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
         }
         return Ok(w.clone());
     }
-    if matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0)
-        && w.rows >= GROUP
+    if matches!(
+        w.wtype,
+        WeightType::Q8_0 | WeightType::Q4_0 | WeightType::IQ4NL
+    ) && w.rows >= GROUP
         && crate::isa() >= crate::Isa::Avx2
         && std::env::var_os("SPECD_NO_REPACK").is_none()
     {
@@ -67,6 +69,8 @@ pub fn pack(w: &Weight) -> Result<Weight, OpsError> {
     let (to, fill): (WeightType, FillRow) = match w.wtype {
         WeightType::Q8_0 => (WeightType::Q8_0R16, fill_q8_0),
         WeightType::Q4_0 => (WeightType::Q4_0R16, fill_q4_0),
+        // The same nibble moves: the kernels decode IQ4_NL's indices with a table lookup.
+        WeightType::IQ4NL => (WeightType::IQ4NLR16, fill_q4_0),
         other => {
             return Err(OpsError::UnsupportedType(format!(
                 "repack {}",
@@ -139,7 +143,11 @@ pub(crate) fn r16_quant(base: WeightType, quants: &[u8], j: usize, w: usize) -> 
     } else {
         let byte = quants[64 * (c / 2) + 4 * j + i];
         let nib = if c % 2 == 0 { byte & 0x0f } else { byte >> 4 };
-        nib as i32 - 8
+        if base == WeightType::IQ4NL {
+            crate::kquant::IQ4_VALUES[nib as usize] as i32
+        } else {
+            nib as i32 - 8
+        }
     }
 }
 

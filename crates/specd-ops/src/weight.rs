@@ -25,6 +25,12 @@ pub enum WeightType {
     /// so that one 64-byte load yields two registers of four weights per row (see
     /// [`crate::pack`]). Same size as Q4_0.
     Q4_0R16,
+    /// ggml IQ4_NL: blocks of 32 weights = f16 scale + 16 bytes of nibbles indexing the
+    /// non-linear levels [`crate::kquant::IQ4_VALUES`] (low nibbles = weights 0..16).
+    IQ4NL,
+    /// IQ4_NL repacked like [`WeightType::Q4_0R16`] (the nibbles are moved, not decoded; the
+    /// kernels look the levels up). Same size as IQ4_NL.
+    IQ4NLR16,
     /// A super-block format (K-quants, IQ4_XS) in ggml's layout: what the file holds, before the
     /// load-time repack (see [`crate::kquant`]).
     K(KFormat),
@@ -38,7 +44,12 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q8_0R16 | WeightType::Q4_0R16 => 32,
+            WeightType::Q8_0
+            | WeightType::Q4_0
+            | WeightType::Q8_0R16
+            | WeightType::Q4_0R16
+            | WeightType::IQ4NL
+            | WeightType::IQ4NLR16 => 32,
             WeightType::K(_) | WeightType::KR16(_) => kquant::QK_K,
         }
     }
@@ -48,7 +59,7 @@ impl WeightType {
             WeightType::F32 => 4,
             WeightType::F16 | WeightType::BF16 => 2,
             WeightType::Q8_0 | WeightType::Q8_0R16 => 34,
-            WeightType::Q4_0 | WeightType::Q4_0R16 => 18,
+            WeightType::Q4_0 | WeightType::Q4_0R16 | WeightType::IQ4NL | WeightType::IQ4NLR16 => 18,
             WeightType::K(f) | WeightType::KR16(f) => f.block_bytes(),
         }
     }
@@ -68,6 +79,7 @@ impl WeightType {
         match self {
             WeightType::Q8_0R16 => Some(WeightType::Q8_0),
             WeightType::Q4_0R16 => Some(WeightType::Q4_0),
+            WeightType::IQ4NLR16 => Some(WeightType::IQ4NL),
             _ => None,
         }
     }
@@ -81,6 +93,8 @@ impl WeightType {
             WeightType::Q4_0 => "q4_0",
             WeightType::Q8_0R16 => "q8_0 (16-row interleaved)",
             WeightType::Q4_0R16 => "q4_0 (16-row interleaved)",
+            WeightType::IQ4NL => "iq4_nl",
+            WeightType::IQ4NLR16 => "iq4_nl (16-row interleaved)",
             WeightType::K(f) => f.name(),
             WeightType::KR16(f) => f.name_r16(),
         }
@@ -248,7 +262,16 @@ pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
             }
         }
         WeightType::K(f) => kquant::dequantize_ggml(f, bytes, out),
-        WeightType::Q8_0R16 | WeightType::Q4_0R16 | WeightType::KR16(_) => {
+        WeightType::IQ4NL => {
+            for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {
+                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                for j in 0..16 {
+                    o[j] = d * kquant::IQ4_VALUES[(b[2 + j] & 0x0f) as usize] as f32;
+                    o[j + 16] = d * kquant::IQ4_VALUES[(b[2 + j] >> 4) as usize] as f32;
+                }
+            }
+        }
+        WeightType::Q8_0R16 | WeightType::Q4_0R16 | WeightType::IQ4NLR16 | WeightType::KR16(_) => {
             // Rows are interleaved in groups: only `Weight::dequantize_row` knows where a row is.
             out.fill(f32::NAN);
             debug_assert!(false, "dequantize an interleaved matrix by row");

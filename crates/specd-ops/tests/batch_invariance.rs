@@ -53,6 +53,31 @@ fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// IQ4_NL blocks: scale amax / 127, each value to its nearest level.
+fn quantize_iq4_nl(x: &[f32]) -> Vec<u8> {
+    let levels = specd_ops::kquant::IQ4_VALUES;
+    let nearest = |v: f32| {
+        (0..16)
+            .min_by(|&a, &b| {
+                (levels[a] as f32 - v)
+                    .abs()
+                    .total_cmp(&(levels[b] as f32 - v).abs())
+            })
+            .unwrap_or(0) as u8
+    };
+    let mut out = Vec::new();
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for j in 0..16 {
+            out.push(nearest(b[j] * id) | (nearest(b[j + 16] * id) << 4));
+        }
+    }
+    out
+}
+
 fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
     let mut r = lcg(seed);
     let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
@@ -76,6 +101,12 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
             let q = Weight::from_bytes(WeightType::Q4_0, rows, cols, quantize_q4_0(&data)).unwrap();
             return specd_ops::pack::pack(&q).unwrap();
         }
+        WeightType::IQ4NL => quantize_iq4_nl(&data),
+        WeightType::IQ4NLR16 => {
+            let q =
+                Weight::from_bytes(WeightType::IQ4NL, rows, cols, quantize_iq4_nl(&data)).unwrap();
+            return specd_ops::pack::pack(&q).unwrap();
+        }
         WeightType::K(_) | WeightType::KR16(_) => {
             unreachable!("the super-block formats have their own tests (tests/kquant.rs)")
         }
@@ -83,9 +114,11 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }
 
-const TYPES: [WeightType; 7] = [
+const TYPES: [WeightType; 9] = [
     WeightType::Q8_0R16,
     WeightType::Q4_0R16,
+    WeightType::IQ4NLR16,
+    WeightType::IQ4NL,
     WeightType::F32,
     WeightType::F16,
     WeightType::BF16,
@@ -96,7 +129,7 @@ const TYPES: [WeightType; 7] = [
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
-    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..7, seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
+    fn matmul_rows_do_not_depend_on_the_batch(n in 1usize..40, ti in 0usize..TYPES.len(), seed in 0u64..1000, pick in 0usize..40, wide in any::<bool>()) {
         let wt = TYPES[ti];
         // 96 columns = an odd number of 32-blocks (the VNNI kernel's single-block tail).
         let (rows, cols) = (37, if wide { 128 } else { 96 });
@@ -138,7 +171,9 @@ fn matmul_matches_dequantised_reference() {
                     WeightType::Q8_0
                     | WeightType::Q4_0
                     | WeightType::Q8_0R16
-                    | WeightType::Q4_0R16 => 0.05 * (1.0 + exact.abs()),
+                    | WeightType::Q4_0R16
+                    | WeightType::IQ4NL
+                    | WeightType::IQ4NLR16 => 0.05 * (1.0 + exact.abs()),
                     _ => 1e-4 * (1.0 + exact.abs()),
                 };
                 assert!(
@@ -153,13 +188,14 @@ fn matmul_matches_dequantised_reference() {
 #[test]
 fn interleaved_layouts_match_ggml_layouts_on_every_level() {
     // 16 and 48 rows: whole groups only; 23 and 37: a ggml-layout tail after the groups.
-    for base in [WeightType::Q8_0, WeightType::Q4_0] {
+    for base in [WeightType::Q8_0, WeightType::Q4_0, WeightType::IQ4NL] {
         for (rows, cols) in [(16, 96), (23, 128), (37, 544), (48, 1056)] {
             let n = 11; // a tile of 8 and one of 3
             let mut r = lcg(cols as u64);
             let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
             let bytes = match base {
                 WeightType::Q8_0 => quantize_q8_0(&data),
+                WeightType::IQ4NL => quantize_iq4_nl(&data),
                 _ => quantize_q4_0(&data),
             };
             let q = Weight::from_bytes(base, rows, cols, bytes).unwrap();

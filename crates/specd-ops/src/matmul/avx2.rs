@@ -261,6 +261,55 @@ impl GroupBlock for Q4_0 {
     }
 }
 
+/// IQ4_NL: Q4_0's nibble layout holding indices of the 16 levels. With VNNI the index becomes
+/// `level + 128` (unsigned; the kernel starts from `−128·Σx`); on AVX2 the signed level, with the
+/// sign trick (|level| ≤ 127: one chunk's pair sums fit i16).
+pub struct IQ4NL;
+
+impl GroupBlock for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    const CORR_SHIFT: i32 = 0;
+    #[inline(always)]
+    unsafe fn idot<const VNNI: bool>(
+        blk: *const u8,
+        h: usize,
+        x: *const i8,
+        mut p: __m256i,
+    ) -> __m256i {
+        unsafe {
+            let mask = _mm256_set1_epi8(0x0f);
+            let mut u = [0u8; 16];
+            for (o, v) in u.iter_mut().zip(crate::kquant::IQ4_VALUES) {
+                *o = if VNNI {
+                    (v as i16 + 128) as u8
+                } else {
+                    v as u8
+                };
+            }
+            let t = _mm_loadu_si128(u.as_ptr() as *const __m128i);
+            let table = _mm256_set_m128i(t, t);
+            for k in 0..4 {
+                let v = _mm256_loadu_si256(blk.add(32 + 64 * k + 32 * h) as *const __m256i);
+                let idx = [
+                    _mm256_and_si256(v, mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                ];
+                for (i, ix) in idx.into_iter().enumerate() {
+                    let w = _mm256_shuffle_epi8(table, ix);
+                    let xv = x4(x, 2 * k + i);
+                    if VNNI {
+                        p = _mm256_dpbusd_avx_epi32(p, w, xv);
+                    } else {
+                        let m = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)));
+                    }
+                }
+            }
+            p
+        }
+    }
+}
+
 /// The AVX2 / AVX-VNNI counterpart of [`super::avx512::dot_r16`]: one group of 16 interleaved
 /// rows against `R` activation rows, as two halves of eight rows. Same integer sums (exact) and
 /// the same float operations per output, so the same bits as the other levels.

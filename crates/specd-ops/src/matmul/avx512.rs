@@ -182,6 +182,29 @@ impl GroupBlock for Q4_0 {
     }
 }
 
+/// IQ4_NL: Q4_0's nibble layout, each index looked up as `level + 128` (unsigned, as `vpdpbusd`
+/// wants); the kernel starts from `−128·Σx`.
+pub struct IQ4NL;
+
+impl GroupBlock for IQ4NL {
+    const BYTES: usize = 16 * 18;
+    const CORR_SHIFT: i32 = 0;
+    #[inline(always)]
+    unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]) {
+        unsafe {
+            Q4_0::load(blk, wv);
+            let mut t = [0u8; 16];
+            for (o, v) in t.iter_mut().zip(crate::kquant::IQ4_VALUES) {
+                *o = (v as i16 + 128) as u8;
+            }
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
+            for v in wv.iter_mut() {
+                *v = _mm512_shuffle_epi8(table, *v);
+            }
+        }
+    }
+}
+
 /// Bytes ahead of the current block that `dot_r16` prefetches. The hardware prefetcher alone
 /// let a few-row tile's compute and the weight stream take turns (4 rows of the 0.8B model's
 /// output matrix: 1.24–1.29× one row without, 0.98–1.07× with; `cargo bench --bench matmul`).

@@ -128,7 +128,9 @@ pub fn matmul_with(
         kquant::run(isa, &targets, &KActs::new(x, n, w.cols), n);
         return Ok(());
     }
-    if w.wtype.interleaved_from().is_some() {
+    // IQ4_NL's only kernels read the interleaved layout: a matrix left in ggml's layout (fewer
+    // than 16 rows, or the scalar level) is all tail rows of the interleaved driver.
+    if w.wtype.interleaved_from().is_some() || w.wtype == WeightType::IQ4NL {
         let targets = [(w, SyncPtr(out.as_mut_ptr()))];
         run_r16(isa, &targets, &I8Acts::new(x, n, w.cols), n);
         return Ok(());
@@ -361,17 +363,18 @@ fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) 
         .map(|&(w, out)| Grouped {
             w,
             out,
-            groups: w.rows / GROUP,
+            groups: if w.wtype.interleaved_from().is_some() {
+                w.rows / GROUP
+            } else {
+                0
+            },
             group_bytes: GROUP * w.row_bytes(),
             tail_row_bytes: w.row_bytes(),
         })
         .collect();
     let base = |ti: usize| {
-        targets[ti]
-            .0
-            .wtype
-            .interleaved_from()
-            .unwrap_or(WeightType::Q8_0)
+        let wt = targets[ti].0.wtype;
+        wt.interleaved_from().unwrap_or(wt)
     };
     run_grouped(
         &grouped,
@@ -421,10 +424,10 @@ fn kernel_r16(
                     }
                 };
             }
-            if base == WeightType::Q8_0 {
-                by_tile!(t, go, Q8_0)
-            } else {
-                by_tile!(t, go, Q4_0)
+            match base {
+                WeightType::Q8_0 => by_tile!(t, go, Q8_0),
+                WeightType::IQ4NL => by_tile!(t, go, IQ4NL),
+                _ => by_tile!(t, go, Q4_0),
             }
         }
         return;

@@ -66,7 +66,7 @@ pub fn dot_r16(base: WeightType, g: &[u8], j: usize, x: I8Row) -> f32 {
     acc
 }
 
-/// A plain Q8_0 / Q4_0 row (the tail of an interleaved matrix) with the same arithmetic as
+/// A plain Q8_0 / Q4_0 / IQ4_NL row (the tail of an interleaved matrix) with the same arithmetic as
 /// [`dot_r16`].
 pub fn dot_tail_i8s(base: WeightType, w: &[u8], x: I8Row) -> f32 {
     let (xq, xd) = x;

@@ -23,7 +23,7 @@ pub fn test_model(
 }
 
 /// A qwen35 model 256 wide (every matrix row whole 256-weight super-blocks) in the
-/// `q4_k_xl` mix: Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and IQ4_NL (→ Q8_0 at load) matrices — every
+/// `q4_k_xl` mix: Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL and Q8_0 matrices — every
 /// native quantised kernel runs in it. With an MTP head. Same tokenizer as the tiny preset.
 #[allow(dead_code)] // used by the exactness tests only
 pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
