@@ -204,14 +204,13 @@ mod tests {
         let x: Vec<f32> = (0..32 * 64)
             .map(|i| ((i * 7919 % 401) as f32 - 200.0) * 1e-3 * (1 + i / 320) as f32)
             .collect();
-        for t in [TensorType::Q5_0] {
-            let src = quantize(t, &x).unwrap();
-            let q8 = exact_q8_0(t, &src).unwrap().unwrap();
-            let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-            dequantize(t, &src, &mut a).unwrap();
-            dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
-            assert_eq!(a, b, "{t}");
-        }
+        let t = TensorType::Q5_0;
+        let src = quantize(t, &x).unwrap();
+        let q8 = exact_q8_0(t, &src).unwrap().unwrap();
+        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        dequantize(t, &src, &mut a).unwrap();
+        dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
+        assert_eq!(a, b);
         assert!(exact_q8_0(TensorType::Q4_1, &[]).is_none());
     }
 }
