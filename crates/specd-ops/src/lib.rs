@@ -66,9 +66,7 @@ impl Isa {
             Isa::Avx512Vnni => "avx512",
         }
     }
-}
 
-impl Isa {
     /// The highest level this CPU can run that is not above `self`.
     pub fn supported(self) -> Isa {
         Isa::available()
