@@ -3,9 +3,10 @@
 //! Types with a native kernel stay quantised: F32, F16 and BF16 stay in the memory map (no copy);
 //! Q8_0, Q4_0 and IQ4_NL are repacked once into 16-row interleaved groups on AVX2 and above
 //! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block formats (Q4_K,
-//! Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
-//! nearest native type that holds it (block-32 types to Q8_0, the 2–3-bit super-block types to
-//! Q4_K), with a warning naming the tensor — never to F32.
+//! Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level (`specd_ops::kquant`). A
+//! quantised type without a kernel is converted once at load to the nearest native type that
+//! holds it (block-32 types to Q8_0, Q2_K / Q3_K to Q4_K), with a warning naming the tensor —
+//! never to F32. See `docs/quantisation.md`.
 
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};

@@ -356,7 +356,8 @@ where
     });
 }
 
-/// Q8_0 / Q4_0 in their interleaved layouts (see [`run_grouped`]).
+/// Q8_0 / Q4_0 / IQ4_NL in their interleaved layouts, or IQ4_NL left in ggml's layout (all tail
+/// rows); see [`run_grouped`].
 fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) {
     let grouped: Vec<Grouped> = targets
         .iter()
