@@ -226,6 +226,10 @@ fn info_endpoints() {
 
     let p = s.get("/props").json();
     assert_eq!(p["total_slots"], 2);
+    let held = p["specd"]["weight_bytes"].as_u64().unwrap();
+    let file = p["specd"]["file_weight_bytes"].as_u64().unwrap();
+    assert!(file > 0 && held.abs_diff(file) * 20 <= file, "{held} vs {file}");
+    assert_eq!(m["data"][0]["meta"]["size"], file);
     assert_eq!(p["default_generation_settings"]["n_ctx"], 128);
     assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
 
@@ -583,6 +587,12 @@ fn speculation_on_off_identical() {
     );
     let m = s.metrics();
     assert!(metric(&m, "llamacpp:spec_decode_num_accepted_tokens_total") >= accepted as f64);
+    // Weight memory against the file's tensor bytes (an F32 model: held as mapped, the same).
+    let (held, file) = (
+        metric(&m, "specd:weight_bytes"),
+        metric(&m, "specd:weight_file_bytes"),
+    );
+    assert!(file > 0.0 && (held - file).abs() <= 0.05 * file, "{held} vs {file}");
 }
 
 /// Four clients at once get exactly what each gets alone, and really share steps.
