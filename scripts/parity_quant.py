@@ -8,8 +8,8 @@ Source models:
     so llama-quantize falls back to a 32-block type for those six tensors).
 Each is quantised with `llama-quantize SRC OUT TYPE` for TYPE in Q4_K_M, Q6_K, IQ4_XS. Because the
 trained model's IQ4_XS file gets IQ4_NL fallback tensors, it is also quantised a second time with
-`--tensor-type ssm_out=q8_0`, so that the IQ4_XS kernels are measured on trained weights even where
-specd does not load IQ4_NL.
+`--tensor-type ssm_out=q8_0`, so that the IQ4_XS kernels are also measured without the IQ4_NL ones
+(the variant was added when specd could not load IQ4_NL; it now runs IQ4_NL natively).
 
 For every quantised file, llama-server and `specd serve` run on the same file side by side (127.0.0.1,
 1 thread each, one slot, f32 KV cache, no flash attention on llama.cpp's side), and:
@@ -28,8 +28,8 @@ For every quantised file, llama-server and `specd serve` run on the same file si
   the vocabulary, before any sampler (llama-server's default reports them; `post_sampling_probs: true`
   would report sampler output) — the script checks that every entry carries `logprob`, not `prob`.
   c. the same specd measurements again with `SPECD_NO_AVX512=1` (the AVX2 kernels): greedy ids and
-     teacher-forced log-probabilities are compared with the AVX-512 run (the kernels are designed to be
-     bit-identical across levels).
+     teacher-forced log-probabilities are compared with the AVX-512 run (the matmul kernels are
+     bit-identical across levels; attention, norms and the delta rule are not, so near-ties can flip).
 
 Results go into PARITY.md as the section "## Quantised files (llama-quantize)" (replaced when present,
 the rest of the file is kept), and as JSON into WORK/results.json.
