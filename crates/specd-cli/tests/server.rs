@@ -228,7 +228,10 @@ fn info_endpoints() {
     assert_eq!(p["total_slots"], 2);
     let held = p["specd"]["weight_bytes"].as_u64().unwrap();
     let file = p["specd"]["file_weight_bytes"].as_u64().unwrap();
-    assert!(file > 0 && held.abs_diff(file) * 20 <= file, "{held} vs {file}");
+    assert!(
+        file > 0 && held.abs_diff(file) * 20 <= file,
+        "{held} vs {file}"
+    );
     assert_eq!(m["data"][0]["meta"]["size"], file);
     assert_eq!(p["default_generation_settings"]["n_ctx"], 128);
     assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
@@ -592,7 +595,10 @@ fn speculation_on_off_identical() {
         metric(&m, "specd:weight_bytes"),
         metric(&m, "specd:weight_file_bytes"),
     );
-    assert!(file > 0.0 && (held - file).abs() <= 0.05 * file, "{held} vs {file}");
+    assert!(
+        file > 0.0 && (held - file).abs() <= 0.05 * file,
+        "{held} vs {file}"
+    );
 }
 
 /// Four clients at once get exactly what each gets alone, and really share steps.

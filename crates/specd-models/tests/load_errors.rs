@@ -253,24 +253,48 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 #[test]
 fn k_quant_weights_load_and_compute_their_dequantised_values() {
-    // A llama model 256 wide, so its matrices are whole K-quant blocks. Two copies: one with the
-    // matrices in Q4_K / Q5_K / Q6_K, one with F32 matrices holding exactly the values those
-    // blocks dequantise to. The K-quant kernels quantise activations to 8 bits per 256 (as
-    // llama.cpp does), so the logits must be close to the F32 model's, not identical.
+    // Native kernels: the super-block formats, IQ4_NL.
+    let types = [
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
+        TensorType::IQ4_XS,
+        TensorType::IQ4_NL,
+    ];
+    quantised_model_matches_its_values("native", &types, 0.03);
+}
+
+#[test]
+fn types_without_a_kernel_are_converted_not_blown_up() {
+    // Converted at load: Q5_0 to Q8_0 exactly, Q4_1 / Q5_1 requantised to Q8_0 (half a Q8_0
+    // step at most per weight) — as close as the native types.
+    let types = [TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1];
+    quantised_model_matches_its_values("to-q8_0", &types, 0.03);
+    // Q2_K / Q3_K requantised to Q4_K: Q4_K's own rounding (~7 % RMS per weight) is added to
+    // every weight of these matrices, hence the looser bound — still far from a wrong kernel.
+    let types = [TensorType::Q2_K, TensorType::Q3_K];
+    quantised_model_matches_its_values("to-q4_k", &types, 0.15);
+}
+
+/// A llama model 256 wide, so its matrices are whole super-blocks. Two copies: one with the
+/// matrices in `types` (round robin), one with F32 matrices holding exactly the values those
+/// blocks dequantise to. The quantised kernels quantise activations to 8 bits (as llama.cpp
+/// does), so the logits must be close to the F32 model's — within `tol` of the largest logit —
+/// not identical.
+fn quantised_model_matches_its_values(tag: &str, types: &[TensorType], tol: f32) {
     let f = files();
     let mut spec = TestModelSpec::preset(Preset::LlamaTiny);
     spec.n_embd = 256;
     spec.n_ff = 256;
-    let base = f.dir.path().join("llama256.gguf");
+    let base = f.dir.path().join(format!("llama256-{tag}.gguf"));
     write_model(&spec, &base).unwrap();
-    let kq = f.dir.path().join("llama256-kq.gguf");
-    let deq = f.dir.path().join("llama256-deq.gguf");
-    let types = [TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K];
+    let kq = f.dir.path().join(format!("llama256-{tag}-q.gguf"));
+    let deq = f.dir.path().join(format!("llama256-{tag}-deq.gguf"));
     let mut i = 0;
     let mut converted = Vec::new();
     rewrite(&base, &kq, keep_kv, |n, (dims, tt, b)| {
         if dims.len() == 2 && dims[0] % 256 == 0 && n.starts_with("blk.") {
-            let t = types[i % 3];
+            let t = types[i % types.len()];
             i += 1;
             let mut x = vec![0f32; b.len() / 4];
             dequantize(tt, &b, &mut x).unwrap();
@@ -281,11 +305,11 @@ fn k_quant_weights_load_and_compute_their_dequantised_values() {
         }
     });
     assert!(
-        converted.len() >= 6,
+        converted.len() >= types.len(),
         "too few matrices converted: {converted:?}"
     );
     rewrite(&kq, &deq, keep_kv, |_, (dims, tt, b)| {
-        if matches!(tt, TensorType::Q4_K | TensorType::Q5_K | TensorType::Q6_K) {
+        if types.contains(&tt) {
             let n = dims.iter().product::<u64>() as usize;
             let mut x = vec![0f32; n];
             dequantize(tt, &b, &mut x).unwrap();
@@ -300,7 +324,7 @@ fn k_quant_weights_load_and_compute_their_dequantised_values() {
     });
     let g = GgufFile::open(&kq).unwrap();
     for t in types {
-        assert!(g.tensors().iter().any(|i| i.ttype == t), "no {t} tensor");
+        assert!(g.tensors().iter().any(|i| i.ttype == *t), "no {t} tensor");
     }
     let tokens = [5, 77, 300, 12, 900, 4];
     let a = logits(&kq, &tokens);
@@ -311,12 +335,12 @@ fn k_quant_weights_load_and_compute_their_dequantised_values() {
             .iter()
             .zip(rb)
             .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        eprintln!("max |logit error| {err} (max |logit| {scale})");
+        eprintln!("{tag}: max |logit error| {err} (max |logit| {scale})");
         assert!(
-            err <= 0.02 * scale,
-            "K-quant logits off by {err} (scale {scale})"
+            err <= tol * scale,
+            "{tag}: logits off by {err} (scale {scale})"
         );
     }
-    // And the quantisation is visible: the K-quant model is not the original one.
+    // And the quantisation is visible: the quantised model is not the original one.
     assert_ne!(a, logits(&base, &tokens));
 }
