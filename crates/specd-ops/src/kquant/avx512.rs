@@ -137,23 +137,50 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
                             )
                         };
                     }
-                    let mut p0 = if fmt.has_dmin() {
-                        _mm512_setzero_si512()
+                    // Two chains of `vpdpbusd` for a one-row tile (latency); one for wider tiles,
+                    // whose rows interleave. Integer adds: the sum is the same either way.
+                    let ip = if R == 1 && sub == 32 {
+                        let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for c in (0..sub / 4).step_by(2) {
+                            p0 = _mm512_dpbusd_epi32(p0, wv[c], x4!(c));
+                            p1 = _mm512_dpbusd_epi32(p1, wv[c + 1], x4!(c + 1));
+                        }
+                        _mm512_add_epi32(p0, p1)
                     } else {
-                        let bs = if sub == 16 {
-                            *p.bs16.add((r * p.nbk + b) * 16 + s)
-                        } else {
-                            *p.bs32.add((r * p.nbk + b) * 8 + s)
-                        };
-                        _mm512_set1_epi32(-off * bs as i32)
+                        let mut p0 = _mm512_setzero_si512();
+                        for c in 0..sub / 4 {
+                            p0 = _mm512_dpbusd_epi32(p0, wv[c], x4!(c));
+                        }
+                        p0
                     };
-                    let mut p1 = _mm512_setzero_si512();
-                    for c in (0..sub / 4).step_by(2) {
-                        p0 = _mm512_dpbusd_epi32(p0, wv[c], x4!(c));
-                        p1 = _mm512_dpbusd_epi32(p1, wv[c + 1], x4!(c + 1));
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ip, sc));
+                }
+            }
+            if !fmt.has_dmin() {
+                // `u` carries +OFF: subtract OFF·Σ_s sc_s·Σx_s, with the scales of two sub-blocks
+                // widened to i16 pairs against each row's pair of activation sums (`vpdpwssd`),
+                // once per super-block instead of once per sub-block.
+                let sc0 = blk.add(fmt.sc_offset());
+                let mut scp = [_mm512_setzero_si512(); 8];
+                for (k, v) in scp.iter_mut().enumerate().take(nsub / 2) {
+                    let a = _mm_loadu_si128(sc0.add(32 * k) as *const __m128i);
+                    let c = _mm_loadu_si128(sc0.add(32 * k + 16) as *const __m128i);
+                    let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c));
+                    *v = _mm512_cvtepi8_epi16(pairs);
+                }
+                let shift = _mm_cvtsi32_si128(off.trailing_zeros() as i32);
+                for r in 0..R {
+                    let bs = if sub == 16 {
+                        p.bs16.add((r * p.nbk + b) * 16)
+                    } else {
+                        p.bs32.add((r * p.nbk + b) * 8)
+                    };
+                    let mut m = _mm512_setzero_si512();
+                    for (k, v) in scp.iter().enumerate().take(nsub / 2) {
+                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                        m = _mm512_dpwssd_epi32(m, *v, _mm512_set1_epi32(pair));
                     }
-                    isum[r] =
-                        _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(p0, p1), sc));
+                    isum[r] = _mm512_sub_epi32(isum[r], _mm512_sll_epi32(m, shift));
                 }
             }
             let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
