@@ -13,7 +13,7 @@
 //! values (`u − 32` ≤ 32 in magnitude: 4 chunks, 32512; IQ4_XS's table values up to 127: one)
 //! with the sign trick, so their offset needs no correction.
 
-use super::{ActPtrs, KFormat, IQ4_VALUES, QK_K};
+use super::{ActPtrs, KFormat, IQ4_UNSIGNED, IQ4_VALUES, QK_K};
 use std::arch::x86_64::*;
 
 trait Fmt {
@@ -107,12 +107,8 @@ impl Fmt for IQ4XS {
         unsafe {
             nibbles(q, h, 4, wv);
             // `vpdpbusd` takes `u` = value + 128 (unsigned); the AVX2 sign trick the values.
-            let mut u = [0u8; 16];
-            for (o, v) in u.iter_mut().zip(IQ4_VALUES) {
-                *o = (v as i16 + 128) as u8;
-            }
             let t = if VNNI {
-                _mm_loadu_si128(u.as_ptr() as *const __m128i)
+                _mm_loadu_si128(IQ4_UNSIGNED.as_ptr() as *const __m128i)
             } else {
                 _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i)
             };

@@ -4,7 +4,7 @@
 //! `vpdpbusd` against broadcast activation bytes, one `vpmulld` by the 16 rows' sub-block scales
 //! and one add — for 16 outputs. The float work is two or three instructions per super-block.
 
-use super::{ActPtrs, KFormat, IQ4_VALUES, QK_K};
+use super::{ActPtrs, KFormat, IQ4_UNSIGNED, QK_K};
 use std::arch::x86_64::*;
 
 /// Bytes ahead of the current super-block that the kernel prefetches (as in the Q8_0 kernel:
@@ -89,11 +89,8 @@ impl Fmt for IQ4XS {
     unsafe fn load_sub(q: *const u8, wv: &mut [__m512i; 8]) {
         unsafe {
             nibbles(q, 4, wv);
-            let mut t = [0u8; 16];
-            for (o, v) in t.iter_mut().zip(IQ4_VALUES) {
-                *o = (v as i16 + 128) as u8;
-            }
-            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
+            let table =
+                _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_UNSIGNED.as_ptr() as *const __m128i));
             for v in wv.iter_mut() {
                 *v = _mm512_shuffle_epi8(table, *v);
             }

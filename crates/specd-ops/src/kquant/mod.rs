@@ -260,8 +260,8 @@ pub(crate) fn decode(fmt: KFormat, b: &[u8]) -> Decoded {
                 d.sc[ib] = ls as i8 - 32;
                 for j in 0..16 {
                     let q = qs[16 * ib + j];
-                    d.u[32 * ib + j] = (IQ4_VALUES[(q & 0x0f) as usize] as i16 + 128) as u8;
-                    d.u[32 * ib + 16 + j] = (IQ4_VALUES[(q >> 4) as usize] as i16 + 128) as u8;
+                    d.u[32 * ib + j] = IQ4_UNSIGNED[(q & 0x0f) as usize];
+                    d.u[32 * ib + 16 + j] = IQ4_UNSIGNED[(q >> 4) as usize];
                 }
             }
             d.m = d.sc;
@@ -270,12 +270,24 @@ pub(crate) fn decode(fmt: KFormat, b: &[u8]) -> Decoded {
     d
 }
 
-/// `u` → table index for IQ4_XS (the inverse of `IQ4_VALUES[i] + 128`).
+/// The IQ4 levels offset by +128: the unsigned operand `vpdpbusd` takes (the kernels start
+/// from `−128·Σx`). One constant for every kernel that looks the levels up.
+pub(crate) const IQ4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_VALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// `u` → table index for IQ4_XS (the inverse of [`IQ4_UNSIGNED`]).
 const IQ4_INDEX: [u8; 256] = {
     let mut t = [0u8; 256];
     let mut i = 0;
     while i < 16 {
-        t[(IQ4_VALUES[i] as i16 + 128) as usize] = i as u8;
+        t[IQ4_UNSIGNED[i] as usize] = i as u8;
         i += 1;
     }
     t
@@ -411,7 +423,7 @@ fn read_group_row(fmt: KFormat, g: &[u8], j: usize) -> Decoded {
             let extra = q.get(GROUP * sub / 2 + 4 * j + w % 4).copied().unwrap_or(0);
             let c = w / 4;
             d.u[s * sub + w] = match fmt {
-                KFormat::IQ4XS => (IQ4_VALUES[nib as usize] as i16 + 128) as u8,
+                KFormat::IQ4XS => IQ4_UNSIGNED[nib as usize],
                 KFormat::Q5K => nib | (((extra >> c) & 1) << 4),
                 KFormat::Q6K => nib | (((extra >> (2 * c)) & 3) << 4),
                 KFormat::Q4K => nib,
@@ -502,25 +514,16 @@ impl KActs {
             cols,
             nbk,
         };
-        // Rows are independent: a prompt's rows are quantised in parallel, a few rows inline (a
-        // thread hand-off costs more than quantising them).
-        if n * cols >= 16 * 1024 {
-            x.par_chunks_exact(cols)
-                .take(n)
-                .zip(a.q.par_chunks_exact_mut(cols))
-                .zip(a.d.par_chunks_exact_mut(nbk))
-                .zip(a.bs16.par_chunks_exact_mut(16 * nbk))
-                .zip(a.bs32.par_chunks_exact_mut(8 * nbk))
-                .for_each(|((((x, q), d), b16), b32)| quantize_row_k(x, q, d, b16, b32));
-        } else {
-            x.chunks_exact(cols)
-                .take(n)
-                .zip(a.q.chunks_exact_mut(cols))
-                .zip(a.d.chunks_exact_mut(nbk))
-                .zip(a.bs16.chunks_exact_mut(16 * nbk))
-                .zip(a.bs32.chunks_exact_mut(8 * nbk))
-                .for_each(|((((x, q), d), b16), b32)| quantize_row_k(x, q, d, b16, b32));
-        }
+        // Rows are independent: a prompt's rows are quantised in parallel; below 16 Ki values a
+        // batch is one task, run inline (a thread hand-off costs more than quantising it).
+        x.par_chunks_exact(cols)
+            .take(n)
+            .zip(a.q.par_chunks_exact_mut(cols))
+            .zip(a.d.par_chunks_exact_mut(nbk))
+            .zip(a.bs16.par_chunks_exact_mut(16 * nbk))
+            .zip(a.bs32.par_chunks_exact_mut(8 * nbk))
+            .with_min_len((16 * 1024 / cols.max(1)).max(1))
+            .for_each(|((((x, q), d), b16), b32)| quantize_row_k(x, q, d, b16, b32));
         a
     }
 }

@@ -278,15 +278,12 @@ impl GroupBlock for IQ4NL {
     ) -> __m256i {
         unsafe {
             let mask = _mm256_set1_epi8(0x0f);
-            let mut u = [0u8; 16];
-            for (o, v) in u.iter_mut().zip(crate::kquant::IQ4_VALUES) {
-                *o = if VNNI {
-                    (v as i16 + 128) as u8
-                } else {
-                    v as u8
-                };
-            }
-            let t = _mm_loadu_si128(u.as_ptr() as *const __m128i);
+            let levels: *const u8 = if VNNI {
+                crate::kquant::IQ4_UNSIGNED.as_ptr()
+            } else {
+                crate::kquant::IQ4_VALUES.as_ptr() as *const u8
+            };
+            let t = _mm_loadu_si128(levels as *const __m128i);
             let table = _mm256_set_m128i(t, t);
             for k in 0..4 {
                 let v = _mm256_loadu_si256(blk.add(32 + 64 * k + 32 * h) as *const __m256i);

@@ -193,11 +193,8 @@ impl GroupBlock for IQ4NL {
     unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]) {
         unsafe {
             Q4_0::load(blk, wv);
-            let mut t = [0u8; 16];
-            for (o, v) in t.iter_mut().zip(crate::kquant::IQ4_VALUES) {
-                *o = (v as i16 + 128) as u8;
-            }
-            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
+            let t = crate::kquant::IQ4_UNSIGNED.as_ptr() as *const __m128i;
+            let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t));
             for v in wv.iter_mut() {
                 *v = _mm512_shuffle_epi8(table, *v);
             }
