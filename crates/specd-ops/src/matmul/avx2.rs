@@ -208,6 +208,16 @@ unsafe fn dp_small<const VNNI: bool>(p: __m256i, w: [__m256i; 2], x: [__m256i; 2
     }
 }
 
+/// `p + Σ w·x` over four-byte groups for signed `w` with |w| ≤ 128 (the sign trick: one
+/// `vpmaddubsw` pair sum is at most 2·128·127 = 32512, exact in i16).
+#[inline(always)]
+unsafe fn dp_signed(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    unsafe {
+        let m = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+        _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)))
+    }
+}
+
 impl GroupBlock for Q8_0 {
     const BYTES: usize = 16 * 34;
     const CORR_SHIFT: i32 = 0;
@@ -227,8 +237,7 @@ impl GroupBlock for Q8_0 {
                     // The stored `q + 128` would saturate `vpmaddubsw`: multiply the signed `q`
                     // with the sign trick instead (|q| ≤ 128, pair sums ≤ 32512).
                     let q = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
-                    let m = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x4(x, c), q));
-                    p = _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)));
+                    p = dp_signed(p, q, x4(x, c));
                 }
             }
             p
@@ -297,8 +306,7 @@ impl GroupBlock for IQ4NL {
                     if VNNI {
                         p = _mm256_dpbusd_avx_epi32(p, w, xv);
                     } else {
-                        let m = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
-                        p = _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)));
+                        p = dp_signed(p, w, xv);
                     }
                 }
             }
