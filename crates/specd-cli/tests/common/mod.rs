@@ -3,6 +3,8 @@
 // Each test binary uses its own subset of these.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
