@@ -123,6 +123,9 @@ pub struct ServeArgs {
     pub json_schema: Option<String>,
     #[arg(long = "json-schema-file")]
     pub json_schema_file: Option<PathBuf>,
+    /// Directory for slot save / restore files (`POST /slots/ID?action=save|restore|erase`).
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy)]
@@ -463,7 +466,6 @@ const UNSUPPORTED: &[&str] = &[
     "--yarn-beta-slow",
     "--yarn-beta-fast",
     "--override-kv",
-    "--slot-save-path",
     "--api-prefix",
     "--ssl-key-file",
     "--ssl-cert-file",
@@ -744,6 +746,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         _ => None,
     };
 
+    let slot_save_path = match &a.slot_save_path {
+        Some(d) if !d.is_dir() => bail!("--slot-save-path {}: not a directory", d.display()),
+        other => other.clone(),
+    };
+
     let body_limit = std::env::var("SPECD_MAX_BODY_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -790,6 +797,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft_model,
         verbose: a.verbose,
         kv_types: a.model.kv_types(),
+        slot_save_path,
     };
 
     pb.set_message("starting the engine");

@@ -11,11 +11,15 @@
 //! * **Checkpoints** ([`checkpoint`]): copies of the recurrent state at a position, for
 //!   checkpoint-and-replay (the fallback) and prompt reuse. Bounded in bytes.
 //!
+//! * **Saved state** ([`Memory::save_sequence`] / [`Memory::load_sequence`]): one sequence's
+//!   memory as bytes, for the server's slot save and restore.
+//!
 //! A rollback of a hybrid sequence changes both parts or, if it cannot be done, nothing.
 
 pub mod checkpoint;
 pub mod kv;
 pub mod recurrent;
+mod saved;
 mod sequence;
 
 pub use checkpoint::CheckpointId;
@@ -153,4 +157,6 @@ pub enum MemoryError {
     CheckpointNeedsKv { seq: SeqId, pos: usize, have: usize },
     #[error("sequence {seq}: a batch is already in progress")]
     BatchInProgress { seq: SeqId },
+    #[error("saved sequence state: {0}")]
+    BadSavedState(String),
 }

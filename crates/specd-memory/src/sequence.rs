@@ -10,14 +10,14 @@ use crate::{MemoryConfig, MemoryError, MemoryLayout, MemoryUsage, SeqId};
 use std::collections::BTreeMap;
 
 #[derive(Debug)]
-struct Sequence {
+pub(crate) struct Sequence {
     /// Positions `0..n_past` are processed.
-    n_past: usize,
-    kv: Vec<KvLayer>,
-    rec: Vec<RecLayer>,
-    record: Option<BatchRecord>,
+    pub(crate) n_past: usize,
+    pub(crate) kv: Vec<KvLayer>,
+    pub(crate) rec: Vec<RecLayer>,
+    pub(crate) record: Option<BatchRecord>,
     /// Tokens of the batch in progress, if any.
-    in_batch: Option<usize>,
+    pub(crate) in_batch: Option<usize>,
 }
 
 /// Memory of every sequence of one model.
@@ -399,6 +399,28 @@ impl Memory {
             .get(&seq)
             .and_then(|s| s.rec.get(layer))
             .map(|l| l.current())
+    }
+
+    pub(crate) fn seq(&self, seq: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&seq)
+    }
+    pub(crate) fn has_seq(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+    pub(crate) fn n_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+    /// Installs a whole sequence (a loaded saved state); the caller cleared `seq` first.
+    pub(crate) fn put_seq(&mut self, seq: SeqId, s: Sequence) {
+        self.seqs.insert(seq, s);
+    }
+    pub(crate) fn checkpoint_ref(&self, id: CheckpointId) -> Option<&Checkpoint> {
+        self.checkpoints.get(id)
+    }
+    /// Stores a checkpoint within the budget (a full budget evicts the oldest; one that cannot
+    /// fit at all is dropped: checkpoints only save work).
+    pub(crate) fn insert_checkpoint(&mut self, cp: Checkpoint) {
+        let _ = self.checkpoints.insert(cp, self.cfg.checkpoint_budget);
     }
 
     /// What is held right now.

@@ -20,6 +20,7 @@ mod generate;
 mod metrics;
 pub mod params;
 pub mod scheduler;
+mod slots;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method};
@@ -80,6 +81,8 @@ pub struct ServerConfig {
     pub verbose: bool,
     /// Element types of the KV cache (K, V).
     pub kv_types: (KvType, KvType),
+    /// `--slot-save-path`: the directory of slot save / restore files (none: disabled).
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 /// Shared state of the HTTP handlers.
@@ -232,6 +235,7 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/props", get(api::props))
         .route("/slots", get(api::slots))
+        .route("/slots/{id_slot}", post(slots::action))
         .route("/metrics", get(metrics::metrics))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))

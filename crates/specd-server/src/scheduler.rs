@@ -17,7 +17,7 @@ use specd_spec::{
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// A generation request on its way to the engine thread.
 pub struct Job {
@@ -30,6 +30,47 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// The request's generation settings as shown by `/slots`.
     pub settings: Value,
+}
+
+/// A saved slot: the tokens it kept and its memory as bytes.
+pub type SavedSlot = (Vec<u32>, Vec<u8>);
+
+/// A slot action (llama-server's `POST /slots/{id}?action=…`), run by the engine thread once
+/// the slot is idle (it waits while the slot generates, as in llama-server).
+pub enum SlotTask {
+    /// The slot's kept tokens and its memory as bytes.
+    Save {
+        slot: usize,
+        reply: oneshot::Sender<Result<SavedSlot, ApiError>>,
+    },
+    /// Makes the slot hold `tokens` with the saved memory `state`.
+    Restore {
+        slot: usize,
+        tokens: Vec<u32>,
+        state: Vec<u8>,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
+    /// Frees the slot's kept memory; replies with the number of tokens it held.
+    Erase {
+        slot: usize,
+        reply: oneshot::Sender<Result<usize, ApiError>>,
+    },
+}
+
+impl SlotTask {
+    fn slot(&self) -> usize {
+        match self {
+            SlotTask::Save { slot, .. }
+            | SlotTask::Restore { slot, .. }
+            | SlotTask::Erase { slot, .. } => *slot,
+        }
+    }
+}
+
+/// What reaches the engine thread.
+enum Msg {
+    Job(Box<Job>),
+    Slot(SlotTask),
 }
 
 /// What the engine thread tells a job.
@@ -105,7 +146,7 @@ pub struct Shared {
 /// Handle of the engine thread held by the HTTP side.
 #[derive(Clone)]
 pub struct Scheduler {
-    tx: mpsc::UnboundedSender<Job>,
+    tx: mpsc::UnboundedSender<Msg>,
     shared: Arc<Mutex<Shared>>,
 }
 
@@ -138,6 +179,7 @@ impl Scheduler {
             engine,
             rx,
             queue: VecDeque::new(),
+            slot_tasks: VecDeque::new(),
             active: BTreeMap::new(),
             last_used: vec![0; n_slots],
             settings: vec![Value::Null; n_slots],
@@ -156,7 +198,14 @@ impl Scheduler {
     /// Queues a job. Fails only if the engine thread is gone.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.tx
-            .send(job)
+            .send(Msg::Job(Box::new(job)))
+            .map_err(|_| ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped"))
+    }
+
+    /// Queues a slot action. Fails only if the engine thread is gone.
+    pub fn slot_task(&self, task: SlotTask) -> Result<(), ApiError> {
+        self.tx
+            .send(Msg::Slot(task))
             .map_err(|_| ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped"))
     }
 
@@ -193,8 +242,10 @@ struct Worker {
     rollback: RollbackKind,
     cache_checkpoints: usize,
     engine: Engine,
-    rx: mpsc::UnboundedReceiver<Job>,
+    rx: mpsc::UnboundedReceiver<Msg>,
     queue: VecDeque<Job>,
+    /// Slot actions waiting for their slot to be idle.
+    slot_tasks: VecDeque<SlotTask>,
     active: BTreeMap<usize, Active>,
     /// Per slot: when it was last given a job (least recently used goes first).
     last_used: Vec<u64>,
@@ -225,14 +276,15 @@ impl Worker {
                 self.publish();
                 self.flush();
                 match self.rx.blocking_recv() {
-                    Some(job) => self.queue.push_back(job),
+                    Some(msg) => self.receive(msg),
                     None => return, // the server is gone
                 }
             }
-            while let Ok(job) = self.rx.try_recv() {
-                self.queue.push_back(job);
+            while let Ok(msg) = self.rx.try_recv() {
+                self.receive(msg);
             }
             self.reap_cancelled();
+            self.run_slot_tasks();
             self.admit();
             if self.active.is_empty() {
                 self.publish();
@@ -251,6 +303,67 @@ impl Worker {
             self.publish();
             self.flush();
         }
+    }
+
+    fn receive(&mut self, msg: Msg) {
+        match msg {
+            Msg::Job(job) => self.queue.push_back(*job),
+            Msg::Slot(task) => self.slot_tasks.push_back(task),
+        }
+    }
+
+    /// Runs the slot actions whose slot is idle (the others wait), before queued jobs are
+    /// admitted, so a restore lands before a request that was sent after it.
+    fn run_slot_tasks(&mut self) {
+        let n_slots = self.last_used.len();
+        let mut waiting = VecDeque::new();
+        while let Some(task) = self.slot_tasks.pop_front() {
+            let slot = task.slot();
+            if slot < n_slots && self.active.contains_key(&slot) {
+                waiting.push_back(task);
+                continue;
+            }
+            let bad = || ApiError::invalid("Invalid slot ID");
+            let seq = slot as SeqId;
+            match task {
+                SlotTask::Save { reply, .. } => {
+                    let r = if slot >= n_slots {
+                        Err(bad())
+                    } else {
+                        self.engine
+                            .save_kept(seq)
+                            .map_err(|e| ApiError::server(format!("Unable to save slot: {e}")))
+                    };
+                    let _ = reply.send(r);
+                }
+                SlotTask::Restore {
+                    tokens,
+                    state,
+                    reply,
+                    ..
+                } => {
+                    let r = if slot >= n_slots {
+                        Err(bad())
+                    } else {
+                        self.engine
+                            .restore_kept(seq, tokens, &state)
+                            .map_err(|e| ApiError::invalid(format!("Unable to restore slot: {e}")))
+                    };
+                    let _ = reply.send(r);
+                }
+                SlotTask::Erase { reply, .. } => {
+                    let r = if slot >= n_slots {
+                        Err(bad())
+                    } else {
+                        let n = self.engine.cached_tokens(seq).map_or(0, <[u32]>::len);
+                        self.engine.forget(seq);
+                        Ok(n)
+                    };
+                    let _ = reply.send(r);
+                }
+            }
+        }
+        self.slot_tasks = waiting;
     }
 
     fn send(&mut self, to: &mpsc::UnboundedSender<Event>, ev: Event) {

@@ -884,6 +884,53 @@ impl Engine {
         self.cached.get(&seq).map(Vec::as_slice)
     }
 
+    /// Slot save: the tokens an idle sequence kept for prompt reuse and its memory as bytes
+    /// ([`specd_memory::Memory::save_sequence`]: KV, recurrent state, prompt checkpoints).
+    pub fn save_kept(&self, seq: SeqId) -> Result<(Vec<u32>, Vec<u8>), SpecError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(SpecError::Invalid(format!("sequence {seq} is running")));
+        }
+        let tokens = self.cached.get(&seq).cloned().unwrap_or_default();
+        Ok((tokens, self.mem.save_sequence(seq)?))
+    }
+
+    /// Slot restore: makes an idle sequence hold `tokens` with the memory saved by
+    /// [`Engine::save_kept`], so the next request on it reuses them like its own earlier
+    /// prompt. On error the sequence's kept memory is freed (as a failed restore leaves it in
+    /// llama-server).
+    pub fn restore_kept(
+        &mut self,
+        seq: SeqId,
+        tokens: Vec<u32>,
+        state: &[u8],
+    ) -> Result<(), SpecError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(SpecError::Invalid(format!("sequence {seq} is running")));
+        }
+        if !self.keep_memory {
+            return Err(SpecError::Invalid(
+                "prompt reuse is off: a restored memory would not be kept".into(),
+            ));
+        }
+        self.forget(seq);
+        let n_vocab = self.model.config().n_vocab;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(SpecError::Invalid(format!(
+                "saved token {t} out of vocabulary ({n_vocab})"
+            )));
+        }
+        let n = self.mem.load_sequence(seq, state)?;
+        if n != tokens.len() {
+            self.mem.clear(seq);
+            return Err(SpecError::Invalid(format!(
+                "the saved memory holds {n} positions for {} saved tokens",
+                tokens.len()
+            )));
+        }
+        self.cached.insert(seq, tokens);
+        Ok(())
+    }
+
     /// Frees the memory a finished sequence kept (no effect on a running sequence).
     pub fn forget(&mut self, seq: SeqId) {
         if self.seqs.contains_key(&seq) {
