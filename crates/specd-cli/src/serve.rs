@@ -751,6 +751,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         other => other.clone(),
     };
 
+    let vertex = specd_server::vertex::Vertex::from_env().map_err(anyhow::Error::msg)?;
+    let port = match &vertex {
+        Some(v) if v.port != a.port => {
+            eprintln!(
+                "warning: Google Cloud Vertex AI mode: AIP_HTTP_PORT {} replaces --port {}",
+                v.port, a.port
+            );
+            v.port
+        }
+        _ => a.port,
+    };
+
     let body_limit = std::env::var("SPECD_MAX_BODY_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -758,7 +770,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let model_path = path.display().to_string();
     let cfg = ServerConfig {
         host: a.host.clone(),
-        port: a.port,
+        port,
         n_parallel,
         n_ctx_slot,
         api_keys,
@@ -798,6 +810,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         verbose: a.verbose,
         kv_types: a.model.kv_types(),
         slot_save_path,
+        vertex,
     };
 
     pb.set_message("starting the engine");

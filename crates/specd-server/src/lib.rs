@@ -21,12 +21,13 @@ mod metrics;
 pub mod params;
 pub mod scheduler;
 mod slots;
+pub mod vertex;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use error::{ApiError, ErrorKind};
 use params::Defaults;
@@ -83,6 +84,8 @@ pub struct ServerConfig {
     pub kv_types: (KvType, KvType),
     /// `--slot-save-path`: the directory of slot save / restore files (none: disabled).
     pub slot_save_path: Option<std::path::PathBuf>,
+    /// Google Cloud Vertex AI mode (`AIP_MODE=PREDICTION`): its predict and health routes.
+    pub vertex: Option<vertex::Vertex>,
 }
 
 /// Shared state of the HTTP handlers.
@@ -111,6 +114,20 @@ impl AppState {
             .and_then(|i| tok.token_text(i))
             .unwrap_or("")
             .to_string();
+        if let Some(v) = &cfg.vertex {
+            let taken = |r: &str| {
+                post_routes()
+                    .iter()
+                    .chain(&get_routes())
+                    .any(|(p, _)| *p == r)
+            };
+            if taken(&v.predict_route) {
+                return Err(format!(
+                    "AIP_PREDICT_ROUTE={} conflicts with an existing route",
+                    v.predict_route
+                ));
+            }
+        }
         let template = ChatTemplate::with_special_tokens(&cfg.chat_template, &bos, &eos)
             .map_err(|e| format!("chat template: {e}"))?;
         let mem_cfg = MemoryConfig {
@@ -226,26 +243,58 @@ fn cors(origins: &[String]) -> CorsLayer {
         .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
 }
 
-/// The HTTP routes.
+/// The GET endpoints.
+fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/health", get(api::health)),
+        ("/v1/health", get(api::health)),
+        ("/models", get(api::models)),
+        ("/v1/models", get(api::models)),
+        ("/props", get(api::props)),
+        ("/slots", get(api::slots)),
+        ("/metrics", get(metrics::metrics)),
+    ]
+}
+
+/// The POST endpoints, one table: the router serves them and Vertex AI's `@requestFormat`
+/// names them.
+fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/tokenize", post(api::tokenize)),
+        ("/detokenize", post(api::detokenize)),
+        ("/apply-template", post(api::apply_template)),
+        ("/completion", post(generate::completion)),
+        ("/completions", post(generate::completion)),
+        ("/v1/completions", post(generate::oai_completion)),
+        ("/chat/completions", post(generate::chat)),
+        ("/v1/chat/completions", post(generate::chat)),
+        ("/slots/{id_slot}", post(slots::action)),
+    ]
+}
+
+/// Paths of the POST endpoints.
+pub(crate) fn post_paths() -> Vec<&'static str> {
+    post_routes().into_iter().map(|(p, _)| p).collect()
+}
+
+/// The endpoints without middleware (Vertex AI's predict route dispatches its instances here).
+pub(crate) fn api_routes(st: Arc<AppState>) -> Router {
+    let mut r = Router::new();
+    for (path, handler) in get_routes().into_iter().chain(post_routes()) {
+        r = r.route(path, handler);
+    }
+    if let Some(v) = &st.cfg.vertex {
+        if let Some(h) = &v.health_route {
+            r = r.route(h, get(api::health));
+        }
+        r = r.route(&v.predict_route, post(vertex::predict));
+    }
+    r.fallback(api::not_found).with_state(st)
+}
+
+/// The HTTP routes with their middleware (authentication, logging, body limits, CORS).
 pub fn router(st: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/health", get(api::health))
-        .route("/v1/health", get(api::health))
-        .route("/models", get(api::models))
-        .route("/v1/models", get(api::models))
-        .route("/props", get(api::props))
-        .route("/slots", get(api::slots))
-        .route("/slots/{id_slot}", post(slots::action))
-        .route("/metrics", get(metrics::metrics))
-        .route("/tokenize", post(api::tokenize))
-        .route("/detokenize", post(api::detokenize))
-        .route("/apply-template", post(api::apply_template))
-        .route("/completion", post(generate::completion))
-        .route("/completions", post(generate::completion))
-        .route("/v1/completions", post(generate::oai_completion))
-        .route("/chat/completions", post(generate::chat))
-        .route("/v1/chat/completions", post(generate::chat))
-        .fallback(api::not_found)
+    api_routes(st.clone())
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
@@ -254,7 +303,6 @@ pub fn router(st: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body))
         .layer(cors(&st.cfg.cors_origins))
-        .with_state(st)
 }
 
 /// Serves until Ctrl-C / SIGTERM.
