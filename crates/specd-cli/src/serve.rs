@@ -13,6 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use specd_models::{Model, ModelOptions};
 use specd_sampling::GrammarSpec;
+use specd_server::cors::Cors;
 use specd_server::params::Defaults;
 use specd_server::{AppState, ServerConfig};
 use std::ffi::OsString;
@@ -92,9 +93,21 @@ pub struct ServeArgs {
     pub jinja: bool,
     #[arg(long = "no-jinja")]
     pub no_jinja: bool,
-    /// CORS origins, comma-separated: `*` (default: any origin), `localhost`, or a list.
-    #[arg(long = "cors-origins", default_value = "*")]
-    pub cors_origins: String,
+    /// CORS origins: `*` (default: any origin, echoed back with credentials), `localhost`, or
+    /// comma-separated origins.
+    #[arg(long = "cors-origins")]
+    pub cors_origins: Option<String>,
+    /// Methods a CORS preflight allows.
+    #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
+    pub cors_methods: String,
+    /// Headers a CORS preflight allows.
+    #[arg(long = "cors-headers", default_value = "*")]
+    pub cors_headers: String,
+    /// Allow credentials in CORS requests (default).
+    #[arg(long = "cors-credentials", overrides_with = "no_cors_credentials")]
+    pub cors_credentials: bool,
+    #[arg(long = "no-cors-credentials")]
+    pub no_cors_credentials: bool,
     /// Every slot may use the whole context (otherwise each gets ctx-size / parallel).
     #[arg(long = "kv-unified", overrides_with = "no_kv_unified")]
     pub kv_unified: bool,
@@ -776,13 +789,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             grammar,
         },
         chat_template,
-        cors_origins: a
-            .cors_origins
-            .split(',')
-            .map(str::trim)
-            .filter(|o| !o.is_empty())
-            .map(String::from)
-            .collect(),
+        cors: Cors {
+            // llama-server's default: any origin (with --tools: localhost).
+            origins: a.cors_origins.clone().unwrap_or_else(|| "*".into()),
+            methods: a.cors_methods.clone(),
+            headers: a.cors_headers.clone(),
+            credentials: !a.no_cors_credentials,
+        },
         body_limit,
         rollback,
         ctx_checkpoints: a.ctx_checkpoints,

@@ -15,6 +15,8 @@
 //! comes back.
 
 mod api;
+mod conn;
+pub mod cors;
 pub mod error;
 mod generate;
 mod metrics;
@@ -22,7 +24,7 @@ pub mod params;
 pub mod scheduler;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,7 +37,6 @@ use specd_models::Model;
 use specd_spec::RollbackKind;
 use specd_tokenizer::ChatTemplate;
 use std::sync::Arc;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// Everything the server is configured with (the `specd serve` command line).
 #[derive(Clone)]
@@ -63,9 +64,8 @@ pub struct ServerConfig {
     pub defaults: Defaults,
     /// Jinja source of the chat template in use.
     pub chat_template: String,
-    /// Allowed CORS origins: `*` (any, reflected with credentials, like llama-server),
-    /// `localhost`, or a list.
-    pub cors_origins: Vec<String>,
+    /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
+    pub cors: cors::Cors,
     /// Most bytes of a request body.
     pub body_limit: usize,
     /// Recurrent-state rollback of the engine.
@@ -108,6 +108,7 @@ impl AppState {
             .and_then(|i| tok.token_text(i))
             .unwrap_or("")
             .to_string();
+        cfg.cors.validate()?;
         let template = ChatTemplate::with_special_tokens(&cfg.chat_template, &bos, &eos)
             .map_err(|e| format!("chat template: {e}"))?;
         let mem_cfg = MemoryConfig {
@@ -135,8 +136,8 @@ impl AppState {
     }
 }
 
-/// Endpoints that need no API key (as in llama-server).
-const PUBLIC_PATHS: [&str; 4] = ["/health", "/v1/health", "/models", "/v1/models"];
+/// Endpoints that need no API key (as in llama-server: the model list needs one).
+const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if st.cfg.api_keys.is_empty()
@@ -196,36 +197,9 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
-fn cors(origins: &[String]) -> CorsLayer {
-    let allow = if origins.is_empty() || origins.iter().any(|o| o == "*") {
-        // llama-server reflects any Origin with credentials allowed.
-        AllowOrigin::mirror_request()
-    } else {
-        let list: Vec<String> = origins.to_vec();
-        AllowOrigin::predicate(move |origin: &HeaderValue, _| {
-            let Ok(o) = origin.to_str() else {
-                return false;
-            };
-            list.iter().any(|a| {
-                a == o
-                    || (a == "localhost" && {
-                        let host = o.split("://").nth(1).unwrap_or(o);
-                        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-                        matches!(host, "localhost" | "127.0.0.1" | "[::1]")
-                    })
-            })
-        })
-    };
-    CorsLayer::new()
-        .allow_origin(allow)
-        .allow_credentials(true)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-        .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
-}
-
 /// The HTTP routes.
 pub fn router(st: Arc<AppState>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/health", get(api::health))
         .route("/v1/health", get(api::health))
         .route("/models", get(api::models))
@@ -242,6 +216,8 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/chat/completions", post(generate::chat))
         .route("/v1/chat/completions", post(generate::chat))
         .fallback(api::not_found)
+        // A known path with another method: llama-server's 404, not axum's empty 405.
+        .method_not_allowed_fallback(api::not_found)
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
@@ -249,15 +225,16 @@ pub fn router(st: Arc<AppState>) -> Router {
         ))
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body))
-        .layer(cors(&st.cfg.cors_origins))
-        .with_state(st)
+        .with_state(st.clone());
+    // CORS wraps the routing: a preflight is answered on any path, before routing and auth.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(st, cors::layer))
 }
 
 /// Serves until Ctrl-C / SIGTERM.
 pub async fn serve(st: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(st))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+    conn::serve(listener, router(st), shutdown_signal()).await
 }
 
 async fn shutdown_signal() {
