@@ -76,7 +76,8 @@ pub struct ServeArgs {
     /// Do not serve /slots.
     #[arg(long = "no-slots")]
     pub no_slots: bool,
-    /// Model name in the API (default: the model path).
+    /// Model names in the API, comma-separated (the first in sorted order is the id; default:
+    /// the model path).
     #[arg(short = 'a', long = "alias")]
     pub alias: Option<String>,
     /// Model tags, comma-separated (shown by /v1/models).
@@ -640,6 +641,18 @@ fn spinner(len: u64) -> ProgressBar {
     pb
 }
 
+/// A comma-separated list of names (`--alias`, `--tags`) as a sorted set, the way llama-server
+/// keeps them: trimmed, empty ones dropped, each once.
+fn name_set(list: Option<&str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> = list
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    set.into_iter().map(String::from).collect()
+}
+
 fn read_file(p: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
 }
@@ -762,6 +775,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(16 << 20);
     let model_path = path.display().to_string();
+    let aliases = name_set(a.alias.as_deref());
     let cfg = ServerConfig {
         host: a.host.clone(),
         port: a.port,
@@ -770,17 +784,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_keys,
         metrics: a.metrics,
         slots: !a.no_slots,
-        model_id: a.alias.clone().unwrap_or_else(|| model_path.clone()),
+        model_id: aliases
+            .first()
+            .cloned()
+            .unwrap_or_else(|| model_path.clone()),
+        aliases,
         model_path,
-        tags: a
-            .tags
-            .as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(String::from)
-            .collect(),
+        tags: name_set(a.tags.as_deref()),
         defaults: Defaults {
             n_predict: usize::try_from(a.n_predict).ok(),
             sampler,

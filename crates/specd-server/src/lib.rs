@@ -19,7 +19,7 @@ mod conn;
 pub mod cors;
 pub mod error;
 mod generate;
-mod metrics;
+pub mod metrics;
 pub mod params;
 pub mod scheduler;
 
@@ -54,8 +54,11 @@ pub struct ServerConfig {
     pub metrics: bool,
     /// Serve `/slots`.
     pub slots: bool,
-    /// The model id shown by `/v1/models` and in responses (`--alias`, else the model path).
+    /// The model id shown by `/v1/models` and in responses (the first `--alias` in sorted
+    /// order, else the model path).
     pub model_id: String,
+    /// `--alias`: every name of the model, sorted, without duplicates.
+    pub aliases: Vec<String>,
     /// Path of the model file.
     pub model_path: String,
     /// `--tags`.
@@ -92,6 +95,8 @@ pub struct AppState {
     pub started: u64,
     /// The synthetic drafter's last reference run.
     pub references: scheduler::ReferenceCache,
+    /// `/metrics`' counters at the previous scrape.
+    pub scrapes: metrics::Scrapes,
 }
 
 impl AppState {
@@ -132,6 +137,7 @@ impl AppState {
             sched,
             started,
             references: Default::default(),
+            scrapes: Default::default(),
         }))
     }
 }
