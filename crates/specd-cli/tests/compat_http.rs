@@ -332,8 +332,9 @@ fn slots_like_llama_server() {
     // The other slot is still untouched.
     assert_eq!(slots[1 - used].as_object().unwrap().len(), 4);
 
-    // While a request runs: its budget and progress.
-    let body = json!({"prompt": "I believe", "n_predict": 300, "ignore_eos": true,
+    // While a request runs: its budget and progress (a budget far from reached while we look).
+    let s = Server::start(&["-c", "8192", "-np", "1"]);
+    let body = json!({"prompt": "I believe", "n_predict": 4000, "ignore_eos": true,
                       "stream": true, "temperature": 0})
     .to_string();
     let mut conn = connect(&s.addr);
@@ -360,7 +361,7 @@ fn slots_like_llama_server() {
     assert_eq!(nt["has_next_token"], true);
     let decoded = nt["n_decoded"].as_i64().unwrap();
     assert!(decoded > 0);
-    assert_eq!(nt["n_remain"].as_i64().unwrap(), 300 - decoded);
+    assert_eq!(nt["n_remain"].as_i64().unwrap(), 4000 - decoded);
     assert!(running["n_prompt_tokens_processed"].as_u64().unwrap() > 0);
     assert_eq!(running["params"]["stream"], true);
     drop(r);
