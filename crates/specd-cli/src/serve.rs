@@ -13,6 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use specd_models::{Model, ModelOptions};
 use specd_sampling::GrammarSpec;
+use specd_server::cors::Cors;
 use specd_server::params::Defaults;
 use specd_server::{AppState, ServerConfig};
 use std::ffi::OsString;
@@ -75,7 +76,8 @@ pub struct ServeArgs {
     /// Do not serve /slots.
     #[arg(long = "no-slots")]
     pub no_slots: bool,
-    /// Model name in the API (default: the model path).
+    /// Model names in the API, comma-separated (the first in sorted order is the id; default:
+    /// the model path).
     #[arg(short = 'a', long = "alias")]
     pub alias: Option<String>,
     /// Model tags, comma-separated (shown by /v1/models).
@@ -92,9 +94,21 @@ pub struct ServeArgs {
     pub jinja: bool,
     #[arg(long = "no-jinja")]
     pub no_jinja: bool,
-    /// CORS origins, comma-separated: `*` (default: any origin), `localhost`, or a list.
-    #[arg(long = "cors-origins", default_value = "*")]
-    pub cors_origins: String,
+    /// CORS origins: `*` (default: any origin, echoed back with credentials), `localhost`, or
+    /// comma-separated origins.
+    #[arg(long = "cors-origins")]
+    pub cors_origins: Option<String>,
+    /// Methods a CORS preflight allows.
+    #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
+    pub cors_methods: String,
+    /// Headers a CORS preflight allows.
+    #[arg(long = "cors-headers", default_value = "*")]
+    pub cors_headers: String,
+    /// Allow credentials in CORS requests (default).
+    #[arg(long = "cors-credentials", overrides_with = "no_cors_credentials")]
+    pub cors_credentials: bool,
+    #[arg(long = "no-cors-credentials")]
+    pub no_cors_credentials: bool,
     /// Every slot may use the whole context (otherwise each gets ctx-size / parallel).
     #[arg(long = "kv-unified", overrides_with = "no_kv_unified")]
     pub kv_unified: bool,
@@ -629,6 +643,18 @@ fn spinner(len: u64) -> ProgressBar {
     pb
 }
 
+/// A comma-separated list of names (`--alias`, `--tags`) as a sorted set, the way llama-server
+/// keeps them: trimmed, empty ones dropped, each once.
+fn name_set(list: Option<&str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> = list
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    set.into_iter().map(String::from).collect()
+}
+
 fn read_file(p: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
 }
@@ -768,6 +794,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(16 << 20);
     let model_path = path.display().to_string();
+    let aliases = name_set(a.alias.as_deref());
     let cfg = ServerConfig {
         host: a.host.clone(),
         port,
@@ -776,17 +803,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_keys,
         metrics: a.metrics,
         slots: !a.no_slots,
-        model_id: a.alias.clone().unwrap_or_else(|| model_path.clone()),
+        model_id: aliases
+            .first()
+            .cloned()
+            .unwrap_or_else(|| model_path.clone()),
+        aliases,
         model_path,
-        tags: a
-            .tags
-            .as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(String::from)
-            .collect(),
+        tags: name_set(a.tags.as_deref()),
         defaults: Defaults {
             n_predict: usize::try_from(a.n_predict).ok(),
             sampler,
@@ -795,13 +818,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             grammar,
         },
         chat_template,
-        cors_origins: a
-            .cors_origins
-            .split(',')
-            .map(str::trim)
-            .filter(|o| !o.is_empty())
-            .map(String::from)
-            .collect(),
+        cors: Cors {
+            // llama-server's default: any origin (with --tools: localhost).
+            origins: a.cors_origins.clone().unwrap_or_else(|| "*".into()),
+            methods: a.cors_methods.clone(),
+            headers: a.cors_headers.clone(),
+            credentials: !a.no_cors_credentials,
+        },
         body_limit,
         rollback,
         ctx_checkpoints: a.ctx_checkpoints,

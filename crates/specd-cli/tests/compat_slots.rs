@@ -45,8 +45,6 @@ fn save_restore_erase() {
     assert_eq!(restore["n_restored"].as_u64(), Some(n_saved));
     assert_eq!(restore["n_read"].as_u64(), Some(bytes.len() as u64));
     assert!(restore["timings"]["restore_ms"].as_f64().is_some());
-    let slots = s.get("/slots").json();
-    assert_eq!(slots[0]["n_cached_tokens"].as_u64(), Some(n_saved));
 
     // Slot 0 continues the restored text without processing it again, and generates what
     // slot 1 (which holds the same memory) generates.

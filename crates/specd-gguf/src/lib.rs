@@ -7,6 +7,7 @@
 //! ~1 GB synthetic models to disk. Block (de)quantisation of the K-quants does come from candle.
 
 mod error;
+mod file_type;
 mod iq4;
 pub mod quant;
 mod reader;
@@ -15,6 +16,7 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
+pub use file_type::{file_type_name, file_type_of};
 pub use reader::{GgufFile, SharedBytes, TensorInfo, TensorView};
 pub use types::TensorType;
 pub use value::{GgufValue, ValueType};

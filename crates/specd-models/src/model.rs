@@ -68,6 +68,10 @@ pub struct Model {
     weight_bytes: usize,
     /// Bytes of the tensors in the file.
     file_weight_bytes: usize,
+    /// Elements of all the file's tensors (llama.cpp's `n_params`).
+    n_params: u64,
+    /// The file type's name, as llama.cpp gives it ("Q4_K - Medium").
+    file_type: String,
 }
 
 impl Model {
@@ -173,6 +177,7 @@ impl Model {
             .map_err(|e| ModelError::Invalid(format!("thread pool: {e}")))?;
         let weight_bytes = l.loaded_bytes();
         let file_bytes: usize = g.tensors().iter().map(|t| t.n_bytes() as usize).sum();
+        let n_params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
         if opts.n_ubatch == 0 {
             return Err(ModelError::Invalid("n_ubatch must be at least 1".into()));
         }
@@ -189,6 +194,8 @@ impl Model {
             opts,
             weight_bytes,
             file_weight_bytes: file_bytes,
+            n_params,
+            file_type: specd_gguf::file_type_of(g),
         })
     }
 
@@ -219,6 +226,14 @@ impl Model {
     /// Bytes of the tensors in the model file.
     pub fn file_weight_bytes(&self) -> usize {
         self.file_weight_bytes
+    }
+    /// Parameters: the elements of every tensor in the file.
+    pub fn n_params(&self) -> u64 {
+        self.n_params
+    }
+    /// The file type's name, as llama.cpp gives it ("all F32", "Q4_K - Medium", …).
+    pub fn file_type(&self) -> &str {
+        &self.file_type
     }
     /// One line for logs: weight memory against the file's tensor bytes.
     pub fn weights_summary(&self) -> String {

@@ -20,24 +20,50 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// `GET /v1/models`: the one loaded model.
+/// `GET /v1/models` (also `/models`): the one loaded model, as llama-server lists it — in
+/// OpenAI's `data` and in Ollama's `models` shape.
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
     let c = st.model.config();
+    let name = &st.cfg.model_id;
     Json(json!({
+        "models": [{
+            "name": name,
+            "model": name,
+            "modified_at": "",
+            "size": "",
+            "digest": "",
+            "type": "model",
+            "description": "",
+            "tags": [""],
+            "capabilities": ["completion"],
+            "parameters": "",
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "",
+                "families": [""],
+                "parameter_size": "",
+                "quantization_level": "",
+            },
+        }],
         "object": "list",
         "data": [{
-            "id": st.cfg.model_id,
-            "object": "model",
-            "created": st.started,
-            "owned_by": "specd",
+            "id": name,
+            "aliases": st.cfg.aliases,
             "tags": st.cfg.tags,
+            "object": "model",
             "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "created": crate::generate::unix_now(),
+            "owned_by": "llamacpp",
             "meta": {
                 "vocab_type": 2,
                 "n_vocab": c.n_vocab,
+                "n_ctx": st.cfg.n_ctx_slot,
                 "n_ctx_train": c.n_ctx_train,
                 "n_embd": c.n_embd,
+                "n_params": st.model.n_params(),
                 "size": st.model.file_weight_bytes(),
+                "ftype": st.model.file_type(),
                 "arch": c.arch.name(),
             },
         }],
@@ -91,7 +117,22 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-/// `GET /slots`: every slot's state (501 with `--no-slots`).
+/// Request settings `/slots` leaves out, as llama-server does: they can hold a request's text
+/// (stop strings, grammars).
+const SLOT_HIDDEN_SETTINGS: [&str; 8] = [
+    "stop",
+    "logit_bias",
+    "grammar",
+    "grammar_lazy",
+    "grammar_triggers",
+    "preserved_tokens",
+    "dry_sequence_breakers",
+    "json_schema",
+];
+
+/// `GET /slots`: every slot's state (501 with `--no-slots`). A slot that never had a task shows
+/// only `id`, `n_ctx`, `speculative` and `is_processing`; one that had shows its running or
+/// last task, with the counters of a finished task reset.
 pub async fn slots(State(st): State<Arc<AppState>>) -> Response {
     if !st.cfg.slots {
         return ApiError::new(
@@ -105,23 +146,33 @@ pub async fn slots(State(st): State<Arc<AppState>>) -> Response {
         .slots
         .iter()
         .map(|s| {
-            json!({
+            let mut v = json!({
                 "id": s.id,
-                "id_task": s.id_task.map_or(-1, |t| t as i64),
                 "n_ctx": st.cfg.n_ctx_slot,
-                "speculative": s.settings.get("speculative.types")
-                    .and_then(Value::as_array).is_some_and(|a| !a.is_empty()),
+                "speculative": st.cfg.defaults.spec.enabled(),
                 "is_processing": s.processing,
-                "params": s.settings,
-                "n_prompt_tokens": s.n_prompt,
-                "n_cached_tokens": s.n_cached,
-                "next_token": {
-                    "has_next_token": s.processing,
-                    "has_new_line": s.has_new_line,
-                    "n_remain": s.n_predict.map_or(-1, |n| n.saturating_sub(s.n_decoded) as i64),
-                    "n_decoded": s.n_decoded,
-                },
-            })
+            });
+            let Some(id_task) = s.id_task else {
+                return v;
+            };
+            let mut params = s.settings.clone();
+            if let Some(p) = params.as_object_mut() {
+                for k in SLOT_HIDDEN_SETTINGS {
+                    p.remove(k);
+                }
+            }
+            v["id_task"] = json!(id_task);
+            v["n_prompt_tokens"] = json!(s.n_tokens);
+            v["n_prompt_tokens_processed"] = json!(s.n_prompt_processed);
+            v["n_prompt_tokens_cache"] = json!(s.n_prompt_cached);
+            v["params"] = params;
+            v["next_token"] = json!([{
+                "has_next_token": s.processing,
+                "has_new_line": s.has_new_line,
+                "n_remain": s.n_remain.map_or(-1, |n| n as i64),
+                "n_decoded": s.n_decoded,
+            }]);
+            v
         })
         .collect();
     Json(Value::Array(slots)).into_response()

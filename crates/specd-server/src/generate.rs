@@ -2,6 +2,7 @@
 //! `/v1/chat/completions`, streaming (SSE) or not.
 
 use crate::error::{ApiError, JsonBody};
+use crate::metrics::Timings;
 use crate::params::{parse_gen, Api, Fields, GenParams};
 use crate::scheduler::{Event, Job};
 use crate::AppState;
@@ -294,26 +295,21 @@ fn response_id(prefix: &str) -> String {
     format!("{prefix}-{nanos:x}{n:04x}")
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else {
-        0.0
-    }
+/// llama-server's `timings` (see [`Timings`]).
+fn timings(out: &SeqOutput) -> Value {
+    Timings::of(out).json()
 }
 
-/// llama-server's `timings`, plus specd's speculation statistics under `speculative`.
-fn timings(out: &SeqOutput) -> Value {
-    let prompt_n = out.n_prompt - out.n_cached;
-    let prompt_ms = out.prompt_secs * 1e3;
-    let predicted_n = out.tokens.len();
-    let predicted_ms = out.gen_secs * 1e3;
+/// specd's speculation statistics of a request (acceptance, rounds, rollbacks, per-position
+/// acceptance), next to `timings` as `speculative`: `timings` holds only numbers, as clients
+/// of llama-server expect.
+fn speculative(out: &SeqOutput) -> Value {
     let mut spec = serde_json::to_value(&out.stats).unwrap_or_else(|_| json!({}));
     if let Some(o) = spec.as_object_mut() {
         o.insert(
@@ -322,20 +318,7 @@ fn timings(out: &SeqOutput) -> Value {
         );
         o.insert("acceptance_rate".into(), json!(out.stats.acceptance_rate()));
     }
-    json!({
-        "cache_n": out.n_cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": ratio(prompt_ms, prompt_n as f64),
-        "prompt_per_second": ratio(prompt_n as f64 * 1e3, prompt_ms),
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": ratio(predicted_ms, predicted_n as f64),
-        "predicted_per_second": ratio(predicted_n as f64 * 1e3, predicted_ms),
-        "draft_n": out.stats.draft_tokens,
-        "draft_n_accepted": out.stats.accepted_tokens,
-        "speculative": spec,
-    })
+    spec
 }
 
 fn stop_type(r: FinishReason) -> &'static str {
@@ -548,6 +531,7 @@ impl Shape {
                     "choices": [{"text": "", "index": 0, "logprobs": null,
                                  "finish_reason": finish_reason(out.reason)}],
                     "usage": usage(out), "timings": timings(out),
+                    "speculative": speculative(out),
                 })
                 .to_string(),
                 "[DONE]".into(),
@@ -567,6 +551,9 @@ impl Shape {
                         "model": model, "system_fingerprint": fingerprint(), "choices": choices,
                     });
                     if let Some((k, x)) = extra {
+                        if k == "timings" {
+                            c["speculative"] = speculative(out);
+                        }
                         c[k] = x;
                     }
                     c.to_string()
@@ -692,6 +679,7 @@ fn llama_full(
         "stop_type": stop_type(out.reason),
         "stopping_word": out.stop_word.clone().unwrap_or_default(),
         "timings": timings(out),
+        "speculative": speculative(out),
     });
     if g.n_probs > 0 && !streamed {
         v["completion_probabilities"] = json!(llama_probs(st, &out.probs, g.n_probs));
@@ -814,7 +802,8 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
         n_gen += out.tokens.len();
         n_cached += out.n_cached;
     }
-    let timings = results.first().map(|(o, _)| timings(o));
+    let timings_of_first = results.first().map(|(o, _)| timings(o));
+    let speculative_of_first = results.first().map(|(o, _)| speculative(o));
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
@@ -828,7 +817,8 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
             "total_tokens": n_prompt + n_gen,
             "prompt_tokens_details": {"cached_tokens": n_cached},
         },
-        "timings": timings,
+        "timings": timings_of_first,
+        "speculative": speculative_of_first,
     }))
     .into_response())
 }
@@ -882,6 +872,7 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
         }],
         "usage": usage(&out),
         "timings": timings(&out),
+        "speculative": speculative(&out),
     }))
     .into_response())
 }

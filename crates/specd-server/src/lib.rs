@@ -15,16 +15,18 @@
 //! comes back.
 
 mod api;
+mod conn;
+pub mod cors;
 pub mod error;
 mod generate;
-mod metrics;
+pub mod metrics;
 pub mod params;
 pub mod scheduler;
 mod slots;
 pub mod vertex;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
@@ -37,7 +39,6 @@ use specd_models::Model;
 use specd_spec::RollbackKind;
 use specd_tokenizer::ChatTemplate;
 use std::sync::Arc;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// Everything the server is configured with (the `specd serve` command line).
 #[derive(Clone)]
@@ -55,8 +56,11 @@ pub struct ServerConfig {
     pub metrics: bool,
     /// Serve `/slots`.
     pub slots: bool,
-    /// The model id shown by `/v1/models` and in responses (`--alias`, else the model path).
+    /// The model id shown by `/v1/models` and in responses (the first `--alias` in sorted
+    /// order, else the model path).
     pub model_id: String,
+    /// `--alias`: every name of the model, sorted, without duplicates.
+    pub aliases: Vec<String>,
     /// Path of the model file.
     pub model_path: String,
     /// `--tags`.
@@ -65,9 +69,8 @@ pub struct ServerConfig {
     pub defaults: Defaults,
     /// Jinja source of the chat template in use.
     pub chat_template: String,
-    /// Allowed CORS origins: `*` (any, reflected with credentials, like llama-server),
-    /// `localhost`, or a list.
-    pub cors_origins: Vec<String>,
+    /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
+    pub cors: cors::Cors,
     /// Most bytes of a request body.
     pub body_limit: usize,
     /// Recurrent-state rollback of the engine.
@@ -98,6 +101,8 @@ pub struct AppState {
     pub started: u64,
     /// The synthetic drafter's last reference run.
     pub references: scheduler::ReferenceCache,
+    /// `/metrics`' counters at the previous scrape.
+    pub scrapes: metrics::Scrapes,
 }
 
 impl AppState {
@@ -114,6 +119,7 @@ impl AppState {
             .and_then(|i| tok.token_text(i))
             .unwrap_or("")
             .to_string();
+        cfg.cors.validate()?;
         if let Some(v) = &cfg.vertex {
             let taken = |r: &str| {
                 post_routes()
@@ -151,12 +157,13 @@ impl AppState {
             sched,
             started,
             references: Default::default(),
+            scrapes: Default::default(),
         }))
     }
 }
 
-/// Endpoints that need no API key (as in llama-server).
-const PUBLIC_PATHS: [&str; 4] = ["/health", "/v1/health", "/models", "/v1/models"];
+/// Endpoints that need no API key (as in llama-server: the model list needs one).
+const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if st.cfg.api_keys.is_empty()
@@ -216,33 +223,6 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
-fn cors(origins: &[String]) -> CorsLayer {
-    let allow = if origins.is_empty() || origins.iter().any(|o| o == "*") {
-        // llama-server reflects any Origin with credentials allowed.
-        AllowOrigin::mirror_request()
-    } else {
-        let list: Vec<String> = origins.to_vec();
-        AllowOrigin::predicate(move |origin: &HeaderValue, _| {
-            let Ok(o) = origin.to_str() else {
-                return false;
-            };
-            list.iter().any(|a| {
-                a == o
-                    || (a == "localhost" && {
-                        let host = o.split("://").nth(1).unwrap_or(o);
-                        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-                        matches!(host, "localhost" | "127.0.0.1" | "[::1]")
-                    })
-            })
-        })
-    };
-    CorsLayer::new()
-        .allow_origin(allow)
-        .allow_credentials(true)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-        .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
-}
-
 /// The GET endpoints.
 fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
     vec![
@@ -289,27 +269,31 @@ pub(crate) fn api_routes(st: Arc<AppState>) -> Router {
         }
         r = r.route(&v.predict_route, post(vertex::predict));
     }
-    r.fallback(api::not_found).with_state(st)
+    r.fallback(api::not_found)
+        // A known path with another method: llama-server's 404, not axum's empty 405.
+        .method_not_allowed_fallback(api::not_found)
+        .with_state(st)
 }
 
 /// The HTTP routes with their middleware (authentication, logging, body limits, CORS).
 pub fn router(st: Arc<AppState>) -> Router {
-    api_routes(st.clone())
+    let routes = api_routes(st.clone())
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
             log_requests,
         ))
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
-        .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body))
-        .layer(cors(&st.cfg.cors_origins))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body));
+    // CORS wraps the routing: a preflight is answered on any path, before routing and auth.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(st, cors::layer))
 }
 
 /// Serves until Ctrl-C / SIGTERM.
 pub async fn serve(st: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(st))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+    conn::serve(listener, router(st), shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

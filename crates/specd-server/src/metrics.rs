@@ -1,15 +1,106 @@
-//! `GET /metrics`: Prometheus text format. llama-server's `llamacpp:*` metrics, the speculative
-//! decoding counters under both llama-server's and vLLM's names (`spec_decode_*`), and specd's
-//! own (`specd:*`: rollbacks, prompt reuse, memory held by KV, recurrent state, rollback records
-//! and checkpoints).
+//! `GET /metrics`: Prometheus text format. llama-server's `llamacpp:*` metrics (same names, help
+//! lines, types and meanings), the speculative decoding counters also under vLLM's names
+//! (`spec_decode_*`), and specd's own (`specd:*`: rollbacks, prompt reuse, memory held by KV,
+//! recurrent state, rollback records and checkpoints).
+//!
+//! Also [`Timings`]: a request's `timings` object, counted the way llama-server counts them, so
+//! that the counters here add up to what the responses reported.
 
 use crate::error::{ApiError, ErrorKind};
 use crate::AppState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use specd_spec::SeqOutput;
 use std::fmt::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// A finished request's timings as llama-server counts them. The prompt's time runs until the
+/// first generated token: that token comes from the logits of the prompt's last row, so it
+/// costs no decode step of its own. Generation time runs from the first token to the last and
+/// its rates are over the steps after the first token (`predicted_n - 1`). Times are whole
+/// microseconds, like llama-server's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timings {
+    /// Prompt tokens reused from the slot's memory, and processed.
+    pub cache_n: usize,
+    pub prompt_n: usize,
+    pub prompt_us: u64,
+    pub predicted_n: usize,
+    /// 0 when nothing was generated, else at least 1 (the first token can arrive within the
+    /// same microsecond as the prompt's end).
+    pub predicted_us: u64,
+    pub draft_n: u64,
+    pub draft_n_accepted: u64,
+}
+
+fn micros(secs: f64) -> u64 {
+    (secs.max(0.0) * 1e6).round() as u64
+}
+
+impl Timings {
+    pub fn of(out: &SeqOutput) -> Self {
+        let predicted_n = out.tokens.len();
+        Timings {
+            cache_n: out.n_cached,
+            prompt_n: out.n_prompt.saturating_sub(out.n_cached),
+            prompt_us: micros(out.prompt_secs + out.first_token_secs),
+            predicted_n,
+            predicted_us: if predicted_n == 0 {
+                0
+            } else {
+                micros(out.decode_secs).max(1)
+            },
+            draft_n: out.stats.draft_tokens,
+            draft_n_accepted: out.stats.accepted_tokens,
+        }
+    }
+
+    /// Decode steps of the generation: the first token is free.
+    pub fn steps(&self) -> usize {
+        self.predicted_n.saturating_sub(1)
+    }
+
+    /// The `timings` object. Every value is a finite number; the draft counts appear once a
+    /// draft was verified (as in llama-server).
+    pub fn json(&self) -> Value {
+        let prompt_ms = self.prompt_us as f64 / 1e3;
+        let predicted_ms = self.predicted_us as f64 / 1e3;
+        let (pn, steps) = (self.prompt_n as f64, self.steps() as f64);
+        let per_token = |ms: f64, n: f64| if n > 0.0 { ms / n } else { 0.0 };
+        let per_second = |ms: f64, n: f64| if ms > 0.0 { 1e3 / ms * n } else { 0.0 };
+        let mut v = json!({
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": per_token(prompt_ms, pn),
+            "prompt_per_second": per_second(prompt_ms, pn),
+            "predicted_n": self.predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": per_token(predicted_ms, steps),
+            "predicted_per_second": per_second(predicted_ms, steps),
+        });
+        if self.draft_n > 0 {
+            v["draft_n"] = json!(self.draft_n);
+            v["draft_n_accepted"] = json!(self.draft_n_accepted);
+        }
+        v
+    }
+}
+
+/// The throughput gauges are averages over the time between two scrapes (llama-server's
+/// buckets): what the counters held at the last scrape.
+#[derive(Debug, Default)]
+pub struct Scrapes(Mutex<Window>);
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    prompt_tokens: u64,
+    prompt_us: u64,
+    predicted_steps: u64,
+    predicted_us: u64,
+}
 
 struct Out(String);
 
@@ -28,7 +119,17 @@ impl Out {
     }
 }
 
-/// `GET /metrics` (501 unless started with `--metrics`, like llama-server).
+/// Tokens per second over `us` microseconds (0 for an empty window).
+fn rate(n: u64, us: u64) -> f64 {
+    if us > 0 {
+        n as f64 / us as f64 * 1e6
+    } else {
+        0.0
+    }
+}
+
+/// `GET /metrics` (501 unless started with `--metrics`, like llama-server). The response carries
+/// `Process-Start-Time-Unix`: when the server started, in Unix seconds.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     if !st.cfg.metrics {
         return ApiError::new(
@@ -40,104 +141,147 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let snap = st.sched.snapshot();
     let t = &snap.totals;
     let processing = snap.slots.iter().filter(|s| s.processing).count();
+    let now = Window {
+        prompt_tokens: t.prompt_tokens,
+        prompt_us: t.prompt_us,
+        predicted_steps: t.predicted_steps,
+        predicted_us: t.predicted_us,
+    };
+    let last = match st.scrapes.0.lock() {
+        Ok(mut w) => std::mem::replace(&mut *w, now),
+        Err(p) => std::mem::replace(&mut *p.into_inner(), now),
+    };
     let mut o = Out(String::new());
     let c = "counter";
     let g = "gauge";
-    o.metric(
-        "llamacpp:prompt_tokens_total",
-        c,
-        "Number of prompt tokens processed.",
-        t.prompt_tokens as f64,
-    );
-    o.metric(
-        "llamacpp:prompt_seconds_total",
-        c,
-        "Prompt process time",
-        t.prompt_secs,
-    );
-    o.metric(
-        "llamacpp:tokens_predicted_total",
-        c,
-        "Number of generation tokens processed.",
-        t.predicted_tokens as f64,
-    );
-    o.metric(
-        "llamacpp:tokens_predicted_seconds_total",
-        c,
-        "Predict process time",
-        t.predicted_secs,
-    );
-    o.metric(
-        "llamacpp:n_decode_total",
-        c,
-        "Total number of engine steps (batched decodes of all busy slots).",
-        t.steps as f64,
-    );
-    o.metric(
-        "llamacpp:n_tokens_max",
-        c,
-        "Largest observed n_tokens.",
-        t.n_tokens_max as f64,
-    );
-    let avg = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    o.metric(
-        "llamacpp:prompt_tokens_seconds",
-        g,
-        "Average prompt throughput in tokens/s.",
-        avg(t.prompt_tokens as f64, t.prompt_secs),
-    );
-    o.metric(
-        "llamacpp:predicted_tokens_seconds",
-        g,
-        "Average generation throughput in tokens/s.",
-        avg(t.predicted_tokens as f64, t.predicted_secs),
-    );
-    o.metric(
-        "llamacpp:n_busy_slots_per_decode",
-        g,
-        "Average number of busy slots per engine step.",
-        avg(t.busy_slot_steps as f64, t.steps as f64),
-    );
-    o.metric(
-        "llamacpp:requests_processing",
-        g,
-        "Number of requests processing.",
-        processing as f64,
-    );
-    o.metric(
-        "llamacpp:requests_deferred",
-        g,
-        "Number of requests deferred.",
-        snap.deferred as f64,
-    );
+    // llama-server's metrics, in its order, with its help lines.
     let s = &t.spec;
-    for prefix in ["llamacpp:", ""] {
-        o.metric(
-            &format!("{prefix}spec_decode_num_drafts_total"),
-            c,
-            "Speculative verification rounds with a non-empty draft.",
-            s.drafts as f64,
-        );
-        o.metric(
-            &format!("{prefix}spec_decode_num_draft_tokens_total"),
-            c,
-            "Draft tokens verified.",
+    let counters = [
+        (
+            "prompt_tokens_total",
+            "Number of prompt tokens processed, excluding cached tokens",
+            t.prompt_tokens as f64,
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "Number of prompt tokens reused from the cache",
+            t.cached_prompt_tokens as f64,
+        ),
+        (
+            "prompt_seconds_total",
+            "Total time spent processing prompts",
+            t.prompt_us as f64 / 1e6,
+        ),
+        (
+            "tokens_predicted_total",
+            "Number of generation tokens processed",
+            t.predicted_tokens as f64,
+        ),
+        (
+            "tokens_predicted_seconds_total",
+            "Total time spent generating tokens",
+            t.predicted_us as f64 / 1e6,
+        ),
+        (
+            "n_decode_total",
+            "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+            t.steps as f64,
+        ),
+        (
+            "n_tokens_max",
+            "Largest observed sequence length (prompt + generation)",
+            t.n_tokens_max as f64,
+        ),
+        (
+            "spec_decode_num_draft_tokens_total",
+            "Speculative: Total draft tokens generated",
             s.draft_tokens as f64,
-        );
-        o.metric(
-            &format!("{prefix}spec_decode_num_accepted_tokens_total"),
-            c,
-            "Draft tokens accepted by the target model.",
+        ),
+        (
+            "spec_decode_num_accepted_tokens_total",
+            "Speculative: Total draft tokens accepted by the target model",
             s.accepted_tokens as f64,
-        );
+        ),
+        (
+            "spec_decode_num_drafts_total",
+            "Speculative: Total speculative decoding verification steps",
+            s.drafts as f64,
+        ),
+    ];
+    for (name, help, v) in counters {
+        o.metric(&format!("llamacpp:{name}"), c, help, v);
+    }
+    let gauges = [
+        (
+            "prompt_tokens_seconds",
+            "Average prompt throughput in tokens/s",
+            rate(
+                now.prompt_tokens.saturating_sub(last.prompt_tokens),
+                now.prompt_us.saturating_sub(last.prompt_us),
+            ),
+        ),
+        (
+            "predicted_tokens_seconds",
+            "Average generation throughput in tokens/s",
+            rate(
+                now.predicted_steps.saturating_sub(last.predicted_steps),
+                now.predicted_us.saturating_sub(last.predicted_us),
+            ),
+        ),
+        (
+            "requests_processing",
+            "Number of requests processing",
+            processing as f64,
+        ),
+        (
+            "requests_deferred",
+            "Number of requests deferred",
+            snap.deferred as f64,
+        ),
+        (
+            "n_busy_slots_per_decode",
+            "Average number of busy slots per llama_decode() call",
+            t.busy_slot_steps as f64 / (t.steps as f64).max(1.0),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        o.metric(&format!("llamacpp:{name}"), g, help, v);
+    }
+    if !s.accepted_per_position.is_empty() {
         o.labelled(
-            &format!("{prefix}spec_decode_num_accepted_tokens_per_pos_total"),
+            "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
             c,
-            "Accepted draft tokens per draft position.",
+            "Accepted tokens per draft position",
             "position",
             &s.accepted_per_position,
         );
     }
+    // The speculative counters under vLLM's names.
+    o.metric(
+        "spec_decode_num_drafts_total",
+        c,
+        "Speculative verification rounds with a non-empty draft.",
+        s.drafts as f64,
+    );
+    o.metric(
+        "spec_decode_num_draft_tokens_total",
+        c,
+        "Draft tokens verified.",
+        s.draft_tokens as f64,
+    );
+    o.metric(
+        "spec_decode_num_accepted_tokens_total",
+        c,
+        "Draft tokens accepted by the target model.",
+        s.accepted_tokens as f64,
+    );
+    o.labelled(
+        "spec_decode_num_accepted_tokens_per_pos_total",
+        c,
+        "Accepted draft tokens per draft position.",
+        "position",
+        &s.accepted_per_position,
+    );
     o.labelled(
         "specd:spec_decode_num_draft_tokens_per_pos_total",
         c,
@@ -267,10 +411,16 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         m.checkpoints as f64,
     );
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.started.to_string(),
+            ),
+        ],
         o.0,
     )
         .into_response()

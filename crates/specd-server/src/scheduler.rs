@@ -7,6 +7,7 @@
 //! [`Shared`] snapshot, so those endpoints never wait for a step to end.
 
 use crate::error::{ApiError, ErrorKind};
+use crate::metrics::Timings;
 use serde_json::Value;
 use specd_memory::{KvType, MemoryConfig, MemoryUsage, SeqId};
 use specd_models::Model;
@@ -94,11 +95,15 @@ pub enum Event {
 /// Server-wide counters (the `/metrics` content).
 #[derive(Debug, Clone, Default)]
 pub struct Totals {
-    /// Prompt tokens processed (reused ones excluded).
+    /// Prompt tokens processed (reused ones excluded) and their time, in microseconds (see
+    /// [`crate::metrics::Timings`]).
     pub prompt_tokens: u64,
-    pub prompt_secs: f64,
+    pub prompt_us: u64,
+    /// Generated tokens, the decode steps they cost (the first token of a request costs none:
+    /// it comes from the prompt's last row) and the time of those steps, in microseconds.
     pub predicted_tokens: u64,
-    pub predicted_secs: f64,
+    pub predicted_steps: u64,
+    pub predicted_us: u64,
     /// Engine steps (each is one batched decode of all busy slots' rows, plus a prompt batch
     /// when new requests joined).
     pub steps: u64,
@@ -122,15 +127,21 @@ pub struct Totals {
 #[derive(Debug, Clone, Default)]
 pub struct SlotView {
     pub id: usize,
+    /// The running task, else the slot's last one (None: the slot never had a task).
     pub id_task: Option<u64>,
     pub processing: bool,
+    /// That task's generation settings.
     pub settings: Value,
-    pub n_prompt: usize,
+    /// Tokens the slot holds in memory (prompt and generated), running or kept for reuse.
+    pub n_tokens: usize,
+    /// The running task's prompt tokens processed and reused from memory (0 when idle).
+    pub n_prompt_processed: usize,
+    pub n_prompt_cached: usize,
+    /// Tokens the running task generated (0 when idle).
     pub n_decoded: usize,
-    pub n_predict: Option<usize>,
+    /// Tokens the running task may still generate (None: idle, or no limit but the context).
+    pub n_remain: Option<usize>,
     pub has_new_line: bool,
-    /// Tokens kept in memory from the last request (prompt reuse).
-    pub n_cached: usize,
 }
 
 /// What the engine thread publishes after each step.
@@ -182,6 +193,7 @@ impl Scheduler {
             slot_tasks: VecDeque::new(),
             active: BTreeMap::new(),
             last_used: vec![0; n_slots],
+            tasks: vec![None; n_slots],
             settings: vec![Value::Null; n_slots],
             clock: 0,
             next_task: 0,
@@ -225,14 +237,16 @@ impl Scheduler {
 
 struct Active {
     events: mpsc::UnboundedSender<Event>,
-    id_task: u64,
     /// Bytes of text and number of log-probabilities already sent.
     sent_text: usize,
     sent_probs: usize,
     want_probs: bool,
     n_prompt: usize,
+    /// Prompt tokens reused from the slot's memory.
+    n_cached: usize,
     n_decoded: usize,
-    n_predict: usize,
+    /// The request's own limit (`n_predict`; None: only the context bounds it).
+    n_predict: Option<usize>,
     has_new_line: bool,
 }
 
@@ -249,6 +263,8 @@ struct Worker {
     active: BTreeMap<usize, Active>,
     /// Per slot: when it was last given a job (least recently used goes first).
     last_used: Vec<u64>,
+    /// Per slot: its running or last task and that task's settings.
+    tasks: Vec<Option<u64>>,
     settings: Vec<Value>,
     clock: u64,
     next_task: u64,
@@ -458,7 +474,13 @@ impl Worker {
             self.engine.forget(slot as SeqId);
         }
         let n_prompt = job.req.prompt.len();
-        let n_predict = job.req.n_predict;
+        // The request's limit as it asked (the engine's n_predict is bounded by the context
+        // when the request set none).
+        let n_predict = job
+            .settings
+            .get("n_predict")
+            .and_then(Value::as_u64)
+            .map(|n| n as usize);
         let want_probs = job.req.n_probs > 0;
         let res = catch_unwind(AssertUnwindSafe(|| self.engine.add(slot as SeqId, job.req)));
         let err = match res {
@@ -483,16 +505,18 @@ impl Worker {
         let id_task = self.next_task;
         self.next_task += 1;
         self.send(&job.events, Event::Started { slot, id_task });
+        self.tasks[slot] = Some(id_task);
         self.settings[slot] = job.settings;
+        let n_cached = self.engine.n_cached(slot as SeqId).unwrap_or(0);
         self.active.insert(
             slot,
             Active {
                 events: job.events,
-                id_task,
                 sent_text: 0,
                 sent_probs: 0,
                 want_probs,
                 n_prompt,
+                n_cached,
                 n_decoded: 0,
                 n_predict,
                 has_new_line: false,
@@ -578,12 +602,13 @@ impl Worker {
                     );
                 }
                 let t = &mut self.totals;
-                t.prompt_tokens += (out.n_prompt - out.n_cached) as u64;
-                t.cached_prompt_tokens += out.n_cached as u64;
-                t.prompt_secs += out.prompt_secs;
-                t.predicted_tokens += out.tokens.len() as u64;
-                t.predicted_secs += out.gen_secs;
-                t.n_tokens_max = t.n_tokens_max.max((out.n_prompt + out.tokens.len()) as u64);
+                let tm = Timings::of(&out);
+                t.prompt_tokens += tm.prompt_n as u64;
+                t.cached_prompt_tokens += tm.cache_n as u64;
+                t.prompt_us += tm.prompt_us;
+                t.predicted_tokens += tm.predicted_n as u64;
+                t.predicted_steps += tm.steps() as u64;
+                t.predicted_us += tm.predicted_us;
                 t.spec.merge(&out.stats);
                 t.requests_finished += 1;
                 self.send(&a.events, Event::Done(out));
@@ -616,13 +641,16 @@ impl Worker {
         for (i, v) in sh.slots.iter_mut().enumerate() {
             let a = self.active.get(&i);
             v.processing = a.is_some();
-            v.id_task = a.map(|a| a.id_task);
-            v.n_prompt = a.map_or(0, |a| a.n_prompt);
-            v.n_decoded = a.map_or(0, |a| a.n_decoded);
-            v.n_predict = a.map(|a| a.n_predict);
-            v.has_new_line = a.is_some_and(|a| a.has_new_line);
+            v.id_task = self.tasks[i];
             v.settings = self.settings[i].clone();
-            v.n_cached = if a.is_some() {
+            // A finished task's counters do not stay on its idle slot (llama-server resets
+            // them when a slot is released).
+            v.n_prompt_processed = a.map_or(0, |a| a.n_prompt - a.n_cached);
+            v.n_prompt_cached = a.map_or(0, |a| a.n_cached);
+            v.n_decoded = a.map_or(0, |a| a.n_decoded);
+            v.n_remain = a.and_then(|a| a.n_predict.map(|n| n.saturating_sub(a.n_decoded)));
+            v.has_new_line = a.is_some_and(|a| a.has_new_line);
+            v.n_tokens = if a.is_some() {
                 self.engine.memory().n_past(i as SeqId)
             } else {
                 self.engine

@@ -103,6 +103,12 @@ pub struct SeqOutput {
     pub n_cached: usize,
     pub prompt_secs: f64,
     pub gen_secs: f64,
+    /// Seconds from the end of the prompt's prefill to the first generated token: the round
+    /// that decodes the last prompt token, whose logits give that token (llama-server counts
+    /// this in the prompt's time).
+    pub first_token_secs: f64,
+    /// Seconds from the first generated token to the last one (0 with fewer than two).
+    pub decode_secs: f64,
     pub stats: SpecStats,
     /// Per generated token: its log-probability and the top `n_probs` (token, log-probability).
     pub probs: Vec<TokenProbs>,
@@ -133,6 +139,9 @@ struct GenSeq {
     prefilled: bool,
     prompt_secs: f64,
     gen_start: Option<Instant>,
+    /// When the rounds that produced the first and the latest tokens ended.
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
     probs: Vec<TokenProbs>,
     /// This round's draft came from the grammar, not the drafters (no drafter feedback).
     forced_round: bool,
@@ -279,6 +288,8 @@ impl Engine {
                 prefilled: false,
                 prompt_secs: 0.0,
                 gen_start: None,
+                first_token: None,
+                last_token: None,
                 probs: Vec::new(),
                 forced_round: false,
             },
@@ -765,6 +776,11 @@ impl Engine {
         if let Some(kept) = hidden.get(..(k + 1) * h) {
             s.chain.observe_target(&fed[..=k], p, kept);
         }
+        if !new_tokens.is_empty() {
+            let now = Instant::now();
+            s.first_token.get_or_insert(now);
+            s.last_token = Some(now);
+        }
         // Stop conditions, token by token.
         let tok = self.model.tokenizer();
         let mut emit = Vec::new();
@@ -835,6 +851,10 @@ impl Engine {
         if let Some(s) = self.seqs.remove(&id) {
             self.retire_memory(id, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let between = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+                (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+                _ => 0.0,
+            };
             let output = SeqOutput {
                 text: String::from_utf8_lossy(&s.text).into_owned(),
                 tokens: s.generated,
@@ -844,6 +864,8 @@ impl Engine {
                 n_cached: s.n_cached,
                 prompt_secs: s.prompt_secs,
                 gen_secs,
+                first_token_secs: between(s.gen_start, s.first_token),
+                decode_secs: between(s.first_token, s.last_token),
                 stats: s.stats,
                 probs: s.probs,
             };
@@ -877,6 +899,11 @@ impl Engine {
                 self.mem.clear(seq);
             }
         }
+    }
+
+    /// Prompt tokens a running sequence took from kept memory instead of processing them.
+    pub fn n_cached(&self, seq: SeqId) -> Option<usize> {
+        self.seqs.get(&seq).map(|s| s.n_cached)
     }
 
     /// Tokens a finished sequence left in its kept memory (prompt reuse), if any.
