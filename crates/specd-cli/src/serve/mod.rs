@@ -1,0 +1,246 @@
+//! `specd serve`: the HTTP server, started with llama-server's command line.
+//!
+//! [`llama_flags`] maps llama-server's command line onto [`args::ServeArgs`]; [`run`] loads the
+//! model, builds the server's configuration and serves.
+
+mod args;
+mod llama_flags;
+
+pub use args::ServeArgs;
+pub use llama_flags::preprocess;
+
+use crate::demo::demo_model_path;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use specd_models::{Model, ModelOptions};
+use specd_sampling::GrammarSpec;
+use specd_server::params::Defaults;
+use specd_server::{AppState, ServerConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn spinner(len: u64) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg} ({elapsed})") {
+        pb.set_style(style);
+    }
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+fn read_file(p: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// Runs the server until Ctrl-C / SIGTERM.
+pub fn run(a: ServeArgs) -> Result<()> {
+    if a.context_shift {
+        bail!("--context-shift is not possible with recurrent state (and not implemented for attention-only models): generation stops when a slot's context is full");
+    }
+    if a.no_jinja {
+        eprintln!(
+            "warning: '--no-jinja' has no effect: specd always renders chat templates with Jinja"
+        );
+    }
+    let spec = a.spec.params()?;
+    let rollback = a.spec.rollback()?;
+    let mut sampler = a.sampling.params();
+    sampler.typical_p = a.typical;
+    sampler.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let pb = spinner(if a.spec.model_draft.is_some() { 3 } else { 2 });
+    let path = match &a.model.model {
+        Some(p) => p.clone(),
+        None => {
+            pb.set_message("generating the demo model (first use)");
+            demo_model_path()?
+        }
+    };
+    pb.set_message(format!("loading {}", path.display()));
+    let opts = ModelOptions {
+        n_threads: a.model.threads,
+        n_ubatch: a.model.batch_size,
+    };
+    let model = Arc::new(
+        Model::load(&path, opts.clone()).with_context(|| format!("loading {}", path.display()))?,
+    );
+    pb.inc(1);
+    let draft_model = match &a.spec.model_draft {
+        Some(p) => {
+            pb.set_message(format!("loading draft model {}", p.display()));
+            let m = Model::load(p, opts)
+                .with_context(|| format!("loading {}", p.display()))?
+                .share_threads(&model);
+            pb.inc(1);
+            Some(Arc::new(m))
+        }
+        None => None,
+    };
+
+    let n_ctx = match a.model.ctx_size {
+        0 => model.config().n_ctx_train.max(1),
+        n => n,
+    };
+    let (n_parallel, kv_unified) = match a.parallel {
+        None | Some(-1) => (4, !a.no_kv_unified),
+        Some(n) if n >= 1 => (n as usize, a.kv_unified),
+        Some(n) => bail!("--parallel {n}: need at least 1 slot (or -1 for auto)"),
+    };
+    let n_ctx_slot = if kv_unified {
+        n_ctx
+    } else {
+        n_ctx / n_parallel
+    };
+    if n_ctx_slot < 8 {
+        bail!("context of {n_ctx} tokens over {n_parallel} slots leaves {n_ctx_slot} per slot: raise -c or use --kv-unified");
+    }
+
+    let chat_template = match (&a.chat_template_file, &a.chat_template) {
+        (Some(f), _) => read_file(f)?,
+        (None, Some(t)) if t.trim() == "chatml" => specd_tokenizer::CHATML_TEMPLATE.to_string(),
+        (None, Some(t)) if t.contains("{%") || t.contains("{{") => t.clone(),
+        (None, Some(t)) => bail!(
+            "--chat-template '{t}': specd's only built-in template is 'chatml'; give Jinja source or --chat-template-file"
+        ),
+        (None, None) => model
+            .tokenizer()
+            .chat_template()
+            .unwrap_or(specd_tokenizer::CHATML_TEMPLATE)
+            .to_string(),
+    };
+
+    let mut api_keys: Vec<String> = a
+        .api_key
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(String::from)
+        .collect();
+    if let Some(f) = &a.api_key_file {
+        api_keys.extend(
+            read_file(f)?
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+    }
+
+    let grammar = match (
+        &a.grammar,
+        &a.grammar_file,
+        &a.json_schema,
+        &a.json_schema_file,
+    ) {
+        (Some(g), _, _, _) => Some(GrammarSpec::Gbnf(g.clone())),
+        (None, Some(f), _, _) => Some(GrammarSpec::Gbnf(read_file(f)?)),
+        (None, None, Some(s), _) => Some(GrammarSpec::JsonSchema(
+            serde_json::from_str(s).context("--json-schema is not valid JSON")?,
+        )),
+        (None, None, None, Some(f)) => Some(GrammarSpec::JsonSchema(
+            serde_json::from_str(&read_file(f)?).context("--json-schema-file is not valid JSON")?,
+        )),
+        _ => None,
+    };
+
+    let body_limit = std::env::var("SPECD_MAX_BODY_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16 << 20);
+    let model_path = path.display().to_string();
+    let cfg = ServerConfig {
+        host: a.host.clone(),
+        port: a.port,
+        n_parallel,
+        n_ctx_slot,
+        api_keys,
+        metrics: a.metrics,
+        slots: !a.no_slots,
+        model_id: a.alias.clone().unwrap_or_else(|| model_path.clone()),
+        model_path,
+        tags: a
+            .tags
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(String::from)
+            .collect(),
+        defaults: Defaults {
+            n_predict: usize::try_from(a.n_predict).ok(),
+            sampler,
+            spec,
+            cache_prompt: !a.no_cache_prompt,
+            grammar,
+        },
+        chat_template,
+        cors_origins: a
+            .cors_origins
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(String::from)
+            .collect(),
+        body_limit,
+        rollback,
+        ctx_checkpoints: a.ctx_checkpoints,
+        kv_unified,
+        draft_model,
+        verbose: a.verbose,
+        kv_types: a.model.kv_types(),
+    };
+
+    pb.set_message("starting the engine");
+    let state = AppState::new(cfg.clone(), model.clone()).map_err(anyhow::Error::msg)?;
+    pb.inc(1);
+    pb.finish_and_clear();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let addr = if cfg.host.contains(':') {
+            format!("[{}]:{}", cfg.host, cfg.port)
+        } else {
+            format!("{}:{}", cfg.host, cfg.port)
+        };
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        let mc = model.config();
+        eprintln!(
+            "specd: model {} ({}, {} layers, vocab {}), {} slots × {} tokens of context{}",
+            cfg.model_id,
+            mc.arch.name(),
+            mc.n_layer,
+            mc.n_vocab,
+            cfg.n_parallel,
+            cfg.n_ctx_slot,
+            if cfg.defaults.spec.enabled() {
+                format!(
+                    ", speculation: {}",
+                    cfg.defaults
+                        .spec
+                        .drafters
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+            } else {
+                String::new()
+            }
+        );
+        eprintln!("specd: {}", model.weights_summary());
+        eprintln!("specd: listening on http://{local}");
+        specd_server::serve(state, listener)
+            .await
+            .context("serving HTTP")
+    })
+}
