@@ -80,6 +80,8 @@ pub struct ServerConfig {
     pub verbose: bool,
     /// Element types of the KV cache (K, V).
     pub kv_types: (KvType, KvType),
+    /// `--sleep-idle-seconds`: release the engine after this long without work.
+    pub sleep_idle: Option<std::time::Duration>,
 }
 
 /// Shared state of the HTTP handlers.
@@ -119,8 +121,14 @@ impl AppState {
             kv_type_v: cfg.kv_types.1,
             ..MemoryConfig::default()
         };
-        let sched = Scheduler::start(model.clone(), mem_cfg, cfg.rollback, cfg.ctx_checkpoints)
-            .map_err(|e| format!("starting the engine thread: {e}"))?;
+        let sched = Scheduler::start(
+            model.clone(),
+            mem_cfg,
+            cfg.rollback,
+            cfg.ctx_checkpoints,
+            cfg.sleep_idle,
+        )
+        .map_err(|e| format!("starting the engine thread: {e}"))?;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -196,6 +204,24 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
+/// Endpoints a sleeping server answers without waking (as in llama-server).
+const SLEEP_PATHS: [&str; 6] = [
+    "/health",
+    "/v1/health",
+    "/models",
+    "/v1/models",
+    "/props",
+    "/metrics",
+];
+
+/// Any other endpoint wakes a sleeping server (`--sleep-idle-seconds`) before it answers.
+async fn wake(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if !SLEEP_PATHS.contains(&req.uri().path()) {
+        st.sched.wake().await;
+    }
+    next.run(req).await
+}
+
 fn cors(origins: &[String]) -> CorsLayer {
     let allow = if origins.is_empty() || origins.iter().any(|o| o == "*") {
         // llama-server reflects any Origin with credentials allowed.
@@ -241,6 +267,7 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/completions", post(generate::oai_completion))
         .route("/chat/completions", post(generate::chat))
         .route("/v1/chat/completions", post(generate::chat))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
         .fallback(api::not_found)
         .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(
@@ -253,11 +280,47 @@ pub fn router(st: Arc<AppState>) -> Router {
         .with_state(st)
 }
 
-/// Serves until Ctrl-C / SIGTERM.
-pub async fn serve(st: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(st))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+/// A socket the server accepts connections on (llama-server's `--host` may name several).
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixListener),
+}
+
+/// Serves the same routes on every listener until Ctrl-C / SIGTERM.
+pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Result<()> {
+    use std::future::IntoFuture;
+    let app = router(st);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for l in listeners {
+        let app = app.clone();
+        let mut stopped = stopped.clone();
+        let signal = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        match l {
+            Listener::Tcp(l) => servers.spawn(
+                axum::serve(l, app)
+                    .with_graceful_shutdown(signal)
+                    .into_future(),
+            ),
+            #[cfg(unix)]
+            Listener::Unix(l) => servers.spawn(
+                axum::serve(l, app)
+                    .with_graceful_shutdown(signal)
+                    .into_future(),
+            ),
+        };
+    }
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    while let Some(r) = servers.join_next().await {
+        r.map_err(std::io::Error::other)??;
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

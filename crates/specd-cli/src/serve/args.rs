@@ -6,18 +6,27 @@ use clap::Args;
 use std::path::PathBuf;
 
 #[derive(Args)]
+// As in llama-server, a flag given twice takes its last value.
+#[command(args_override_self = true)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on.
+    /// Addresses to listen on, comma-separated (IPv4, IPv6, names, or UNIX socket paths ending
+    /// in .sock).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on (0: any free port; the address is printed).
+    /// Port to listen on (0: any free port, with one TCP address; the address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Let other processes bind the same port (SO_REUSEPORT).
+    #[arg(long = "reuse-port")]
+    pub reuse_port: bool,
     /// Parallel slots (-np). Default (or -1): 4 slots sharing the context (--kv-unified).
     #[arg(long = "parallel", allow_hyphen_values = true)]
     pub parallel: Option<i64>,
+    /// Context limit of each slot, the slots sharing the context (--kv-unified).
+    #[arg(long = "kv-unified-per-slot")]
+    pub kv_unified_per_slot: Option<usize>,
     /// Tokens to generate per request unless it says (-1: until end of generation or the
     /// context is full).
     #[arg(
@@ -66,7 +75,8 @@ pub struct ServeArgs {
     /// Model tags, comma-separated (shown by /v1/models).
     #[arg(long)]
     pub tags: Option<String>,
-    /// Chat template: Jinja source, or the built-in name `chatml`.
+    /// Chat template: Jinja source, or the name of one of llama.cpp's built-in templates
+    /// (`chatml`, `llama3`, `command-r`, …; an unknown name lists them).
     #[arg(long = "chat-template")]
     pub chat_template: Option<String>,
     /// File holding a Jinja chat template.
@@ -77,9 +87,10 @@ pub struct ServeArgs {
     pub jinja: bool,
     #[arg(long = "no-jinja")]
     pub no_jinja: bool,
-    /// CORS origins, comma-separated: `*` (default: any origin), `localhost`, or a list.
-    #[arg(long = "cors-origins", default_value = "*")]
-    pub cors_origins: String,
+    /// CORS origins, comma-separated: `*` (default: any origin; `localhost` with --tools or MCP
+    /// servers), `localhost`, or a list.
+    #[arg(long = "cors-origins")]
+    pub cors_origins: Option<String>,
     /// Every slot may use the whole context (otherwise each gets ctx-size / parallel).
     #[arg(long = "kv-unified", overrides_with = "no_kv_unified")]
     pub kv_unified: bool,
@@ -108,4 +119,22 @@ pub struct ServeArgs {
     pub json_schema: Option<String>,
     #[arg(long = "json-schema-file")]
     pub json_schema_file: Option<PathBuf>,
+    /// Release the engine's memory after this many idle seconds (-1: never); the next request
+    /// that needs the model wakes it.
+    #[arg(long = "sleep-idle-seconds", default_value_t = -1, allow_hyphen_values = true)]
+    pub sleep_idle_seconds: i64,
+    /// llama-server's built-in agent tools: accepted, not available in specd (a warning says
+    /// so); they make CORS default to localhost, as in llama-server.
+    #[arg(long = "tools", hide = true)]
+    pub tools: Option<String>,
+    /// llama-server's MCP servers: accepted like --tools.
+    #[arg(long = "mcp-servers-config", hide = true)]
+    pub mcp_servers_config: Option<String>,
+    #[arg(long = "mcp-servers-json", hide = true)]
+    pub mcp_servers_json: Option<String>,
+    /// llama-server's agent mode (all tools and the web UI's MCP proxy): accepted like --tools.
+    #[arg(long = "agent", hide = true, overrides_with = "no_agent")]
+    pub agent: bool,
+    #[arg(long = "no-agent", hide = true)]
+    pub no_agent: bool,
 }

@@ -4,6 +4,7 @@
 //! model, builds the server's configuration and serves.
 
 mod args;
+mod listen;
 mod llama_flags;
 
 pub use args::ServeArgs;
@@ -32,6 +33,56 @@ fn read_file(p: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
 }
 
+/// The chat template `--chat-template` gives: Jinja source, or the name of one of llama.cpp's
+/// built-in templates.
+fn chat_template(t: &str) -> Result<String> {
+    if let Some(src) = specd_tokenizer::templates::named(t.trim()) {
+        return Ok(src.to_string());
+    }
+    if t.contains("{%") || t.contains("{{") {
+        return Ok(t.to_string());
+    }
+    let names: Vec<&str> = specd_tokenizer::templates::names().collect();
+    bail!(
+        "--chat-template '{t}' is neither Jinja source nor a built-in template name; the built-in templates are: {}",
+        names.join(", ")
+    )
+}
+
+/// `--cors-origins`, or its default: any origin, but only localhost when llama-server's agent
+/// tools or MCP servers are asked for (as llama-server does). Those are accepted with a warning:
+/// specd has none of them.
+fn cors_origins(a: &ServeArgs) -> Vec<String> {
+    let mut tools = false;
+    for (flag, v) in [
+        ("--tools", &a.tools),
+        ("--mcp-servers-config", &a.mcp_servers_config),
+        ("--mcp-servers-json", &a.mcp_servers_json),
+    ] {
+        if let Some(v) = v {
+            eprintln!("warning: '{flag} {v}' ignored: specd has no built-in agent tools or MCP servers (/tools is not served)");
+            tools = true;
+        }
+    }
+    if a.agent && !a.no_agent {
+        eprintln!("warning: '--agent' ignored: specd has no built-in agent tools and no web UI");
+        tools = true;
+    }
+    let list = match &a.cors_origins {
+        Some(l) => l.clone(),
+        None if tools => {
+            eprintln!("warning: server tools or MCP servers are enabled, using localhost as default CORS origin (change via --cors-origins)");
+            "localhost".to_string()
+        }
+        None => "*".to_string(),
+    };
+    list.split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// Runs the server until Ctrl-C / SIGTERM.
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.context_shift {
@@ -42,6 +93,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
             "warning: '--no-jinja' has no effect: specd always renders chat templates with Jinja"
         );
     }
+    if a.sleep_idle_seconds == 0 || a.sleep_idle_seconds < -1 {
+        bail!(
+            "--sleep-idle-seconds {}: cannot be 0 or less than -1",
+            a.sleep_idle_seconds
+        );
+    }
+    let hosts = listen::parse_hosts(&a.host)?;
+    let cors_origins = cors_origins(&a);
+    let explicit_template = match (&a.chat_template_file, &a.chat_template) {
+        (Some(f), _) => Some(read_file(f)?),
+        (None, Some(t)) => Some(chat_template(t)?),
+        (None, None) => None,
+    };
     let spec = a.spec.params()?;
     let rollback = a.spec.rollback()?;
     let mut sampler = a.sampling.params();
@@ -86,23 +150,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Some(n) if n >= 1 => (n as usize, a.kv_unified),
         Some(n) => bail!("--parallel {n}: need at least 1 slot (or -1 for auto)"),
     };
-    let n_ctx_slot = if kv_unified {
-        n_ctx
-    } else {
-        n_ctx / n_parallel
+    // --kv-unified-per-slot: the slots share the memory, each up to N tokens.
+    let kv_unified = kv_unified || a.kv_unified_per_slot.is_some();
+    let n_ctx_slot = match a.kv_unified_per_slot {
+        Some(n) => n,
+        None if kv_unified => n_ctx,
+        None => n_ctx / n_parallel,
     };
     if n_ctx_slot < 8 {
         bail!("context of {n_ctx} tokens over {n_parallel} slots leaves {n_ctx_slot} per slot: raise -c or use --kv-unified");
     }
 
-    let chat_template = match (&a.chat_template_file, &a.chat_template) {
-        (Some(f), _) => read_file(f)?,
-        (None, Some(t)) if t.trim() == "chatml" => specd_tokenizer::CHATML_TEMPLATE.to_string(),
-        (None, Some(t)) if t.contains("{%") || t.contains("{{") => t.clone(),
-        (None, Some(t)) => bail!(
-            "--chat-template '{t}': specd's only built-in template is 'chatml'; give Jinja source or --chat-template-file"
-        ),
-        (None, None) => model
+    let chat_template = match explicit_template {
+        Some(t) => t,
+        None => model
             .tokenizer()
             .chat_template()
             .unwrap_or(specd_tokenizer::CHATML_TEMPLATE)
@@ -177,13 +238,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             grammar,
         },
         chat_template,
-        cors_origins: a
-            .cors_origins
-            .split(',')
-            .map(str::trim)
-            .filter(|o| !o.is_empty())
-            .map(String::from)
-            .collect(),
+        cors_origins,
         body_limit,
         rollback,
         ctx_checkpoints: a.ctx_checkpoints,
@@ -191,6 +246,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft_model,
         verbose: a.verbose,
         kv_types: a.model.kv_types(),
+        sleep_idle: u64::try_from(a.sleep_idle_seconds)
+            .ok()
+            .map(Duration::from_secs),
     };
 
     pb.set_message("starting the engine");
@@ -198,21 +256,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
     pb.inc(1);
     pb.finish_and_clear();
 
+    let reuse_port = a.reuse_port;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let addr = if cfg.host.contains(':') {
-            format!("[{}]:{}", cfg.host, cfg.port)
-        } else {
-            format!("{}:{}", cfg.host, cfg.port)
-        };
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        let local = listener.local_addr().context("reading the bound address")?;
+        let listeners = listen::bind(&hosts, cfg.port, reuse_port).await?;
         let mc = model.config();
         eprintln!(
             "specd: model {} ({}, {} layers, vocab {}), {} slots × {} tokens of context{}",
@@ -238,8 +289,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             }
         );
         eprintln!("specd: {}", model.weights_summary());
-        eprintln!("specd: listening on http://{local}");
-        specd_server::serve(state, listener)
+        let mut sockets = Vec::with_capacity(listeners.len());
+        for (l, url) in listeners {
+            eprintln!("specd: listening on {url}");
+            sockets.push(l);
+        }
+        specd_server::serve(state, sockets)
             .await
             .context("serving HTTP")
     })
