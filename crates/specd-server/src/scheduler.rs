@@ -36,7 +36,7 @@ pub struct Job {
 
 /// What the engine thread receives.
 enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     /// Leave the sleeping state; answered once awake.
     Wake(oneshot::Sender<()>),
 }
@@ -170,7 +170,7 @@ impl Scheduler {
     /// Queues a job. Fails only if the engine thread is gone.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.tx
-            .send(Msg::Job(job))
+            .send(Msg::Job(Box::new(job)))
             .map_err(|_| ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped"))
     }
 
@@ -325,7 +325,7 @@ impl Worker {
 
     fn take(&mut self, msg: Msg) {
         match msg {
-            Msg::Job(job) => self.queue.push_back(job),
+            Msg::Job(job) => self.queue.push_back(*job),
             Msg::Wake(done) => {
                 let _ = done.send(());
             }

@@ -54,11 +54,17 @@ pub struct Server {
 impl Server {
     /// Starts `specd serve` on the tiny model, on a free port, with `extra` flags.
     pub fn start(extra: &[&str]) -> Server {
+        Self::start_env(extra, &[])
+    }
+
+    /// [`Server::start`] with environment variables set (`LLAMA_ARG_*`).
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "-m"])
             .arg(model())
             .args(["--port", "0", "-t", "1"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
