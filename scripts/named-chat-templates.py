@@ -67,6 +67,13 @@ def post(port, path, body):
 
 
 def start(cmd, port):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        raise RuntimeError(f"port {port} already serves: stop that server or give --port")
+    except urllib.error.HTTPError:
+        raise RuntimeError(f"port {port} already serves: stop that server or give --port")
+    except OSError:
+        pass  # free
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     t0 = time.time()
     while time.time() - t0 < 120:
