@@ -358,7 +358,7 @@ fn tools_are_accepted_and_make_cors_default_to_localhost() {
     let s = Server::start(&["--tools", "all", "-c", "128"]);
     assert!(
         s.log()
-            .contains("'--tools all' ignored: specd has no built-in agent tools"),
+            .contains("'--tools all' accepted, but specd has no built-in agent tools"),
         "{}",
         s.log()
     );

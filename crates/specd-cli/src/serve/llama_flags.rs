@@ -32,8 +32,6 @@ enum Does {
     As(&'static str, &'static str),
     /// It changes nothing in specd: dropped with a warning giving the reason.
     Ignore(&'static str),
-    /// Its negative form is what specd always does; the positive one is refused for the reason.
-    OnlyNeg(&'static str),
     /// specd cannot honour it: an error giving the reason.
     Refuse(&'static str),
 }
@@ -281,7 +279,8 @@ static OPTIONS: &[Opt] = &[
     // Multimodal.
     opt(&["-mm", "--mmproj"], One, Refuse(MULTIMODAL)).env("LLAMA_ARG_MMPROJ"),
     opt(&["-mmu", "--mmproj-url"], One, Refuse(MULTIMODAL)).env("LLAMA_ARG_MMPROJ_URL"),
-    opt(&["--mmproj-auto"], Switch, OnlyNeg(MULTIMODAL))
+    // Without -hf (refused) llama-server has no projector to fetch either.
+    opt(&["--mmproj-auto"], Switch, Ignore(MULTIMODAL))
         .neg(&["--no-mmproj", "--no-mmproj-auto"])
         .env("LLAMA_ARG_MMPROJ_AUTO"),
     opt(&["--mmproj-offload"], Switch, Ignore(MEDIA))
@@ -777,10 +776,8 @@ fn from_env(
                 };
                 out.push((flag.into(), from));
             }
-            (None, Some(v)) => {
-                out.push((o.long().into(), from.clone()));
-                out.push((v.into(), from));
-            }
+            // Inline, so that no value is taken for a flag (`-1`, `-x`, an `on|off` word).
+            (None, Some(v)) => out.push((format!("{}={v}", o.long()).into(), from)),
             (None, None) => {}
         }
     }
@@ -848,12 +845,7 @@ fn rewrite(
                     "the llama-server flag {shown} is not supported by specd: {why}"
                 ))
             }
-            OnlyNeg(why) if !negative => {
-                return Err(format!(
-                    "the llama-server flag {shown} is not supported by specd: {why}"
-                ))
-            }
-            Ignore(why) | OnlyNeg(why) => {
+            Ignore(why) => {
                 let value = if takes_value {
                     rest.next().map(|(v, _)| v.to_string_lossy().into_owned())
                 } else {
@@ -1010,9 +1002,9 @@ mod tests {
     fn refuses_unsupported_and_leaves_other_commands_alone() {
         let e = pre("specd serve --lora x.gguf").unwrap_err();
         assert!(e.contains("'--lora'") && e.contains("LoRA"), "{e}");
-        let e = pre("specd serve --mmproj-auto").unwrap_err();
+        let e = pre("specd serve --mmproj x.gguf").unwrap_err();
         assert!(e.contains("multimodal"), "{e}");
-        let v = pre("specd serve --no-mmproj --media-path .").unwrap();
+        let v = pre("specd serve --mmproj-auto --no-mmproj --media-path .").unwrap();
         assert_eq!(v, words("specd serve"));
         let v = pre("specd generate -np 2").unwrap();
         assert_eq!(v, words("specd generate -np 2"));
@@ -1031,7 +1023,7 @@ mod tests {
         let v = pre_env("specd serve --host 127.0.0.1", &env).unwrap();
         assert_eq!(
             v,
-            words("specd serve --ctx-size 256 --api-key k --metrics --host 127.0.0.1")
+            words("specd serve --ctx-size=256 --api-key=k --metrics --host 127.0.0.1")
         );
         // Any spelling on the command line wins, and so does a negative one.
         let env = [
@@ -1041,7 +1033,20 @@ mod tests {
         let v = pre_env("specd serve -no-kvu -np=2", &env).unwrap();
         assert_eq!(v, words("specd serve --no-kv-unified --parallel=2"));
         let v = pre_env("specd serve", &env).unwrap();
-        assert_eq!(v, words("specd serve --kv-unified --parallel 3"));
+        assert_eq!(v, words("specd serve --kv-unified --parallel=3"));
+        // Values are taken as they are, and llama-server's special ones still apply.
+        let env = [
+            ("LLAMA_ARG_N_PREDICT", "-1"),
+            ("LLAMA_ARG_FLASH_ATTN", "whatever"),
+            ("LLAMA_ARG_CACHE_TYPE_K", "q8_0"),
+            ("LLAMA_ARG_UBATCH", "64"),
+            ("LLAMA_ARG_BATCH", "256"),
+        ];
+        let v = pre_env("specd serve", &env).unwrap();
+        assert_eq!(
+            v,
+            words("specd serve --n-predict=-1 --ubatch-size=64 --cache-type-k f16")
+        );
         // LLAMA_ARG_NO_X turns a switch off whatever its value; falsey values do too.
         let v = pre_env("specd serve", &[("LLAMA_ARG_NO_ENDPOINT_SLOTS", "")]).unwrap();
         assert_eq!(v, words("specd serve --no-slots"));

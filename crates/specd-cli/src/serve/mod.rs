@@ -60,12 +60,12 @@ fn cors_origins(a: &ServeArgs) -> Vec<String> {
         ("--mcp-servers-json", &a.mcp_servers_json),
     ] {
         if let Some(v) = v {
-            eprintln!("warning: '{flag} {v}' ignored: specd has no built-in agent tools or MCP servers (/tools is not served)");
+            eprintln!("warning: '{flag} {v}' accepted, but specd has no built-in agent tools or MCP servers (/tools is not served)");
             tools = true;
         }
     }
     if a.agent && !a.no_agent {
-        eprintln!("warning: '--agent' ignored: specd has no built-in agent tools and no web UI");
+        eprintln!("warning: '--agent' accepted, but specd has no built-in agent tools and no web UI");
         tools = true;
     }
     let list = match &a.cors_origins {
