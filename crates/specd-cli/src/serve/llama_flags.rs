@@ -369,7 +369,7 @@ static OPTIONS: &[Opt] = &[
     opt(
         &["--ui-mcp-proxy", "--webui-mcp-proxy"],
         Switch,
-        Ignore(NO_UI),
+        Ignore("specd has no web UI, nor the /cors-proxy it uses for MCP"),
     )
     .neg(&["--no-ui-mcp-proxy", "--no-webui-mcp-proxy"])
     .env("LLAMA_ARG_UI_MCP_PROXY"),

@@ -65,7 +65,9 @@ fn cors_origins(a: &ServeArgs) -> Vec<String> {
         }
     }
     if a.agent && !a.no_agent {
-        eprintln!("warning: '--agent' accepted, but specd has no built-in agent tools and no web UI");
+        eprintln!(
+            "warning: '--agent' accepted, but specd has no built-in agent tools and no web UI"
+        );
         tools = true;
     }
     let list = match &a.cors_origins {
