@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 
 /// specd — exact speculative decoding for hybrid recurrent LLMs on GGUF files.
 #[derive(Parser)]
-#[command(name = "specd", version, about)]
+#[command(name = "specd", version, about, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     cmd: Command,

@@ -95,7 +95,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "bos_token": st.model.tokenizer().bos_id().and_then(|i| st.model.tokenizer().token_text(i)),
         "eos_token": st.model.tokenizer().eos_id().and_then(|i| st.model.tokenizer().token_text(i)),
         "build_info": format!("specd {}", env!("CARGO_PKG_VERSION")),
-        "is_sleeping": false,
+        "is_sleeping": snap.sleeping,
         "specd": {
             "arch": st.model.config().arch.name(),
             "weight_bytes": st.model.weight_bytes(),

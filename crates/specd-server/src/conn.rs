@@ -10,12 +10,56 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// A socket the server accepts connections on (llama-server's `--host` may name several).
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixListener),
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                // Streamed tokens go out as soon as they are written.
+                let _ = s.set_nodelay(true);
+                Ok(Stream::Tcp(s))
+            }
+            #[cfg(unix)]
+            Listener::Unix(l) => Ok(Stream::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+/// Serves one connection until it closes (or the graceful shutdown closes it).
+fn spawn_connection<S>(stream: S, app: &Router, graceful: &GracefulShutdown)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = http1::Builder::new()
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+    let conn = graceful.watch(conn);
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("connection: {e}");
+        }
+    });
+}
 
 /// Accepts connections on `listener` until `shutdown` resolves, then waits for the open ones
 /// to finish (idle keep-alive connections are closed at once).
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     app: Router,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -27,7 +71,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let stream = match accepted {
-            Ok((s, _)) => s,
+            Ok(s) => s,
             // The peer gave up before we took the connection: nothing to serve.
             Err(e) if is_connection_error(&e) => continue,
             // Out of file descriptors and the like: wait for some to be freed.
@@ -37,17 +81,11 @@ pub async fn serve(
                 continue;
             }
         };
-        // Streamed tokens go out as soon as they are written.
-        let _ = stream.set_nodelay(true);
-        let conn = http1::Builder::new()
-            .title_case_headers(true)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("connection: {e}");
-            }
-        });
+        match stream {
+            Stream::Tcp(s) => spawn_connection(s, &app, &graceful),
+            #[cfg(unix)]
+            Stream::Unix(s) => spawn_connection(s, &app, &graceful),
+        }
     }
     drop(listener);
     graceful.shutdown().await;

@@ -89,6 +89,8 @@ pub struct ServerConfig {
     pub slot_save_path: Option<std::path::PathBuf>,
     /// Google Cloud Vertex AI mode (`AIP_MODE=PREDICTION`): its predict and health routes.
     pub vertex: Option<vertex::Vertex>,
+    /// `--sleep-idle-seconds`: release the engine after this long without work.
+    pub sleep_idle: Option<std::time::Duration>,
 }
 
 /// Shared state of the HTTP handlers.
@@ -145,8 +147,14 @@ impl AppState {
             kv_type_v: cfg.kv_types.1,
             ..MemoryConfig::default()
         };
-        let sched = Scheduler::start(model.clone(), mem_cfg, cfg.rollback, cfg.ctx_checkpoints)
-            .map_err(|e| format!("starting the engine thread: {e}"))?;
+        let sched = Scheduler::start(
+            model.clone(),
+            mem_cfg,
+            cfg.rollback,
+            cfg.ctx_checkpoints,
+            cfg.sleep_idle,
+        )
+        .map_err(|e| format!("starting the engine thread: {e}"))?;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -223,6 +231,24 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
+/// Endpoints a sleeping server answers without waking (as in llama-server).
+const SLEEP_PATHS: [&str; 6] = [
+    "/health",
+    "/v1/health",
+    "/models",
+    "/v1/models",
+    "/props",
+    "/metrics",
+];
+
+/// Any other endpoint wakes a sleeping server (`--sleep-idle-seconds`) before it answers.
+async fn wake(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if !SLEEP_PATHS.contains(&req.uri().path()) {
+        st.sched.wake().await;
+    }
+    next.run(req).await
+}
+
 /// The GET endpoints.
 fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
     vec![
@@ -269,7 +295,8 @@ pub(crate) fn api_routes(st: Arc<AppState>) -> Router {
         }
         r = r.route(&v.predict_route, post(vertex::predict));
     }
-    r.fallback(api::not_found)
+    r.route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
+        .fallback(api::not_found)
         // A known path with another method: llama-server's 404, not axum's empty 405.
         .method_not_allowed_fallback(api::not_found)
         .with_state(st)
@@ -291,9 +318,28 @@ pub fn router(st: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(st, cors::layer))
 }
 
-/// Serves until Ctrl-C / SIGTERM.
-pub async fn serve(st: Arc<AppState>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    conn::serve(listener, router(st), shutdown_signal()).await
+pub use conn::Listener;
+
+/// Serves the same routes on every listener until Ctrl-C / SIGTERM.
+pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Result<()> {
+    let app = router(st);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for l in listeners {
+        let mut stopped = stopped.clone();
+        let signal = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        servers.spawn(conn::serve(l, app.clone(), signal));
+    }
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    while let Some(r) = servers.join_next().await {
+        r.map_err(std::io::Error::other)??;
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

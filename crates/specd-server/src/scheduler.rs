@@ -3,7 +3,8 @@
 //! while every slot is busy, and cancels a slot as soon as its client has gone.
 //!
 //! HTTP handlers submit a [`Job`] through an mpsc channel and receive [`Event`]s on the job's
-//! own channel. What `/slots` and `/metrics` show is published after every step into a
+//! own channel. With `--sleep-idle-seconds`, the thread drops the engine (all sequence memory)
+//! after that long without work and starts a new one for the next job or [`Scheduler::wake`]. What `/slots` and `/metrics` show is published after every step into a
 //! [`Shared`] snapshot, so those endpoints never wait for a step to end.
 
 use crate::error::{ApiError, ErrorKind};
@@ -18,6 +19,7 @@ use specd_spec::{
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// A generation request on its way to the engine thread.
@@ -68,10 +70,12 @@ impl SlotTask {
     }
 }
 
-/// What reaches the engine thread.
+/// What the engine thread receives.
 enum Msg {
     Job(Box<Job>),
     Slot(SlotTask),
+    /// Leave the sleeping state; answered once awake.
+    Wake(oneshot::Sender<()>),
 }
 
 /// What the engine thread tells a job.
@@ -152,6 +156,9 @@ pub struct Shared {
     pub deferred: usize,
     pub totals: Totals,
     pub memory: MemoryUsage,
+    /// The engine is released after `--sleep-idle-seconds` without work. The rest of the
+    /// snapshot stays as it was on entering sleep.
+    pub sleeping: bool,
 }
 
 /// Handle of the engine thread held by the HTTP side.
@@ -162,12 +169,14 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the engine thread. `n_ctx` is each slot's context, `n_parallel` the slot count.
+    /// Starts the engine thread. `n_ctx` is each slot's context, `n_parallel` the slot count;
+    /// `sleep_idle`: release the engine after that long without work.
     pub fn start(
         model: Arc<Model>,
         mem_cfg: MemoryConfig,
         rollback: RollbackKind,
         cache_checkpoints: usize,
+        sleep_idle: Option<Duration>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let n_slots = mem_cfg.max_seqs;
@@ -180,14 +189,14 @@ impl Scheduler {
                 .collect(),
             ..Default::default()
         }));
-        let mut engine = Engine::new(model.clone(), mem_cfg.clone(), rollback);
-        engine.set_prompt_cache(true, cache_checkpoints);
+        let engine = new_engine(&model, &mem_cfg, rollback, cache_checkpoints);
         let worker = Worker {
             model,
             mem_cfg,
             rollback,
             cache_checkpoints,
-            engine,
+            sleep_idle,
+            engine: Some(engine),
             rx,
             queue: VecDeque::new(),
             slot_tasks: VecDeque::new(),
@@ -219,6 +228,21 @@ impl Scheduler {
         self.tx
             .send(Msg::Slot(task))
             .map_err(|_| ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped"))
+    }
+
+    /// Leaves the sleeping state (a new engine), returning once awake; at once if awake.
+    pub async fn wake(&self) {
+        let sleeping = match self.shared.lock() {
+            Ok(s) => s.sleeping,
+            Err(p) => p.into_inner().sleeping,
+        };
+        if !sleeping {
+            return;
+        }
+        let (done, awake) = oneshot::channel();
+        if self.tx.send(Msg::Wake(done)).is_ok() {
+            let _ = awake.await;
+        }
     }
 
     /// True while the engine thread runs.
@@ -255,7 +279,9 @@ struct Worker {
     mem_cfg: MemoryConfig,
     rollback: RollbackKind,
     cache_checkpoints: usize,
-    engine: Engine,
+    sleep_idle: Option<Duration>,
+    /// None while sleeping.
+    engine: Option<Engine>,
     rx: mpsc::UnboundedReceiver<Msg>,
     queue: VecDeque<Job>,
     /// Slot actions waiting for their slot to be idle.
@@ -285,19 +311,38 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+fn new_engine(
+    model: &Arc<Model>,
+    mem_cfg: &MemoryConfig,
+    rollback: RollbackKind,
+    cache_checkpoints: usize,
+) -> Engine {
+    let mut engine = Engine::new(model.clone(), mem_cfg.clone(), rollback);
+    engine.set_prompt_cache(true, cache_checkpoints);
+    engine
+}
+
 impl Worker {
     fn run(mut self) {
+        // Times the idle wait before sleeping (the channel is tokio's).
+        let timer = match self.sleep_idle {
+            Some(_) => tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .ok(),
+            None => None,
+        };
         loop {
             if self.active.is_empty() && self.queue.is_empty() {
                 self.publish();
                 self.flush();
-                match self.rx.blocking_recv() {
-                    Some(msg) => self.receive(msg),
+                match self.wait_idle(timer.as_ref()) {
+                    Some(msg) => self.take(msg),
                     None => return, // the server is gone
                 }
             }
             while let Ok(msg) = self.rx.try_recv() {
-                self.receive(msg);
+                self.take(msg);
             }
             self.reap_cancelled();
             self.run_slot_tasks();
@@ -308,7 +353,7 @@ impl Worker {
                 continue;
             }
             let busy = self.active.len() as u64;
-            match catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+            match catch_unwind(AssertUnwindSafe(|| self.engine().step())) {
                 Ok(events) => {
                     self.totals.steps += 1;
                     self.totals.busy_slot_steps += busy;
@@ -318,13 +363,6 @@ impl Worker {
             }
             self.publish();
             self.flush();
-        }
-    }
-
-    fn receive(&mut self, msg: Msg) {
-        match msg {
-            Msg::Job(job) => self.queue.push_back(*job),
-            Msg::Slot(task) => self.slot_tasks.push_back(task),
         }
     }
 
@@ -346,7 +384,7 @@ impl Worker {
                     let r = if slot >= n_slots {
                         Err(bad())
                     } else {
-                        self.engine
+                        self.engine()
                             .save_kept(seq)
                             .map_err(|e| ApiError::server(format!("Unable to save slot: {e}")))
                     };
@@ -361,7 +399,7 @@ impl Worker {
                     let r = if slot >= n_slots {
                         Err(bad())
                     } else {
-                        self.engine
+                        self.engine()
                             .restore_kept(seq, tokens, &state)
                             .map_err(|e| ApiError::invalid(format!("Unable to restore slot: {e}")))
                     };
@@ -371,8 +409,9 @@ impl Worker {
                     let r = if slot >= n_slots {
                         Err(bad())
                     } else {
-                        let n = self.engine.cached_tokens(seq).map_or(0, <[u32]>::len);
-                        self.engine.forget(seq);
+                        let e = self.engine();
+                        let n = e.cached_tokens(seq).map_or(0, <[u32]>::len);
+                        e.forget(seq);
                         Ok(n)
                     };
                     let _ = reply.send(r);
@@ -380,6 +419,63 @@ impl Worker {
             }
         }
         self.slot_tasks = waiting;
+    }
+
+    /// The next message while idle. After `sleep_idle` without one, the engine is dropped
+    /// (sleep) and the wait goes on; the message that ends it wakes the engine.
+    fn wait_idle(&mut self, timer: Option<&tokio::runtime::Runtime>) -> Option<Msg> {
+        if let (Some(idle), Some(timer), Some(_)) = (self.sleep_idle, timer, &self.engine) {
+            // The timeout is made inside block_on: its timer needs the runtime.
+            let rx = &mut self.rx;
+            match timer.block_on(async { tokio::time::timeout(idle, rx.recv()).await }) {
+                Ok(msg) => return msg,
+                Err(_) => self.sleep(),
+            }
+        }
+        let msg = self.rx.blocking_recv();
+        if msg.is_some() && self.engine.is_none() {
+            self.engine();
+            tracing::info!("woke up: engine started again");
+            self.set_sleeping(false);
+        }
+        msg
+    }
+
+    fn take(&mut self, msg: Msg) {
+        match msg {
+            Msg::Job(job) => self.queue.push_back(*job),
+            Msg::Slot(task) => self.slot_tasks.push_back(task),
+            Msg::Wake(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Releases the engine: every sequence's memory and the kept prompts. `/metrics` and
+    /// `/slots` keep showing the snapshot taken before.
+    fn sleep(&mut self) {
+        self.engine = None;
+        self.set_sleeping(true);
+        tracing::info!("idle: sleeping (engine released)");
+    }
+
+    fn set_sleeping(&self, sleeping: bool) {
+        match self.shared.lock() {
+            Ok(mut s) => s.sleeping = sleeping,
+            Err(p) => p.into_inner().sleeping = sleeping,
+        }
+    }
+
+    /// The engine, started again after a sleep.
+    fn engine(&mut self) -> &mut Engine {
+        self.engine.get_or_insert_with(|| {
+            new_engine(
+                &self.model,
+                &self.mem_cfg,
+                self.rollback,
+                self.cache_checkpoints,
+            )
+        })
     }
 
     fn send(&mut self, to: &mpsc::UnboundedSender<Event>, ev: Event) {
@@ -402,7 +498,7 @@ impl Worker {
             .map(|(s, _)| *s)
             .collect();
         for slot in gone {
-            self.engine.cancel(slot as SeqId);
+            self.engine().cancel(slot as SeqId);
             self.active.remove(&slot);
             self.totals.requests_cancelled += 1;
             tracing::info!(slot, "client disconnected: slot cancelled");
@@ -452,7 +548,8 @@ impl Worker {
         for s in free {
             let common = if job.cache_prompt {
                 self.engine
-                    .cached_tokens(s as SeqId)
+                    .as_ref()
+                    .and_then(|e| e.cached_tokens(s as SeqId))
                     .map_or(0, |c| common_prefix(c, &job.req.prompt))
             } else {
                 0
@@ -471,7 +568,7 @@ impl Worker {
 
     fn start(&mut self, slot: usize, job: Job) {
         if !job.cache_prompt {
-            self.engine.forget(slot as SeqId);
+            self.engine().forget(slot as SeqId);
         }
         let n_prompt = job.req.prompt.len();
         // The request's limit as it asked (the engine's n_predict is bounded by the context
@@ -482,7 +579,9 @@ impl Worker {
             .and_then(Value::as_u64)
             .map(|n| n as usize);
         let want_probs = job.req.n_probs > 0;
-        let res = catch_unwind(AssertUnwindSafe(|| self.engine.add(slot as SeqId, job.req)));
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            self.engine().add(slot as SeqId, job.req)
+        }));
         let err = match res {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(match e {
@@ -507,7 +606,7 @@ impl Worker {
         self.send(&job.events, Event::Started { slot, id_task });
         self.tasks[slot] = Some(id_task);
         self.settings[slot] = job.settings;
-        let n_cached = self.engine.n_cached(slot as SeqId).unwrap_or(0);
+        let n_cached = self.engine().n_cached(slot as SeqId).unwrap_or(0);
         self.active.insert(
             slot,
             Active {
@@ -545,7 +644,8 @@ impl Worker {
             if let Some((tokens, text)) = tokens {
                 let probs_src = self
                     .engine
-                    .token_probs(seq)
+                    .as_ref()
+                    .and_then(|e| e.token_probs(seq))
                     .or_else(|| outputs.get(&seq).map(|o| o.probs.as_slice()));
                 let Some(a) = self.active.get_mut(&slot) else {
                     continue;
@@ -571,7 +671,10 @@ impl Worker {
                         probs,
                     },
                 );
-                let held = self.engine.memory().n_past(seq) as u64;
+                let held = self
+                    .engine
+                    .as_ref()
+                    .map_or(0, |e| e.memory().n_past(seq) as u64);
                 self.totals.n_tokens_max = self.totals.n_tokens_max.max(held);
             } else if let Some(error) = error {
                 if let Some(a) = self.active.remove(&slot) {
@@ -627,9 +730,12 @@ impl Worker {
             );
             self.totals.requests_failed += 1;
         }
-        let mut engine = Engine::new(self.model.clone(), self.mem_cfg.clone(), self.rollback);
-        engine.set_prompt_cache(true, self.cache_checkpoints);
-        self.engine = engine;
+        self.engine = Some(new_engine(
+            &self.model,
+            &self.mem_cfg,
+            self.rollback,
+            self.cache_checkpoints,
+        ));
         self.totals.engine_restarts += 1;
     }
 
@@ -650,17 +756,17 @@ impl Worker {
             v.n_decoded = a.map_or(0, |a| a.n_decoded);
             v.n_remain = a.and_then(|a| a.n_predict.map(|n| n.saturating_sub(a.n_decoded)));
             v.has_new_line = a.is_some_and(|a| a.has_new_line);
-            v.n_tokens = if a.is_some() {
-                self.engine.memory().n_past(i as SeqId)
-            } else {
-                self.engine
-                    .cached_tokens(i as SeqId)
-                    .map_or(0, <[u32]>::len)
+            v.n_tokens = match (&self.engine, a) {
+                (Some(e), Some(_)) => e.memory().n_past(i as SeqId),
+                (Some(e), None) => e.cached_tokens(i as SeqId).map_or(0, <[u32]>::len),
+                (None, _) => 0,
             };
         }
         sh.deferred = self.queue.len();
         sh.totals = self.totals.clone();
-        sh.memory = self.engine.memory().usage();
+        if let Some(e) = &self.engine {
+            sh.memory = e.memory().usage();
+        }
     }
 }
 

@@ -6,10 +6,12 @@
 //! * [`pretokenizer`]: the split regexes that `tokenizer.ggml.pre` names.
 //! * [`train_bpe`] / [`pad_vocab`]: train a real BPE vocabulary (used by the synthetic test models).
 //! * [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja (Python string methods).
+//! * [`templates`]: llama.cpp's built-in chat templates by name (`llama3`, `command-r`, …).
 
 pub mod bytes;
 mod chat;
 pub mod pretokenizer;
+pub mod templates;
 mod tokenizer;
 mod train;
 

@@ -54,10 +54,10 @@ pub struct Server {
 impl Server {
     /// Starts `specd serve` on the tiny model, on a free port, with `extra` flags.
     pub fn start(extra: &[&str]) -> Server {
-        Server::start_env(extra, &[])
+        Self::start_env(extra, &[])
     }
 
-    /// [`Server::start`] with environment variables set for the server.
+    /// [`Server::start`] with environment variables set (`LLAMA_ARG_*`).
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "-m"])
