@@ -117,6 +117,11 @@ pub struct ServeArgs {
     /// Log every request.
     #[arg(short = 'v', long = "verbose", alias = "log-verbose")]
     pub verbose: bool,
+    /// Continue a final assistant message instead of answering it (default).
+    #[arg(long = "prefill-assistant", overrides_with = "no_prefill_assistant")]
+    pub prefill_assistant: bool,
+    #[arg(long = "no-prefill-assistant")]
+    pub no_prefill_assistant: bool,
     /// Shift the context when it fills (not possible with recurrent state: refused).
     #[arg(long = "context-shift", overrides_with = "no_context_shift")]
     pub context_shift: bool,
@@ -377,14 +382,7 @@ const IGNORED: &[(&[&str], Val)] = &[
         Val::One,
     ),
     (&["-rea", "--reasoning"], Val::Opt(ON_OFF)),
-    (
-        &[
-            "--prefill-assistant",
-            "--no-prefill-assistant",
-            "--skip-chat-parsing",
-        ],
-        Val::None,
-    ),
+    (&["--skip-chat-parsing"], Val::None),
     (&["--no-skip-chat-parsing", "-sp", "--special"], Val::None),
     (
         &["--chat-template-kwargs", "-r", "--reverse-prompt"],
@@ -831,6 +829,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         kv_unified,
         draft_model,
         verbose: a.verbose,
+        prefill_assistant: !a.no_prefill_assistant,
         kv_types: a.model.kv_types(),
         slot_save_path,
         vertex,

@@ -129,7 +129,8 @@ impl SeqOutput {
             n_prompt: self.n_prompt,
             n_cached: self.n_cached,
             prompt_secs: self.prompt_secs,
-            gen_secs: self.gen_secs,
+            first_token_secs: self.first_token_secs,
+            decode_secs: self.decode_secs,
             n_decoded: self.n_decoded(),
             stats: self.stats.clone(),
         }
@@ -159,8 +160,10 @@ pub struct LiveTimings {
     pub n_prompt: usize,
     pub n_cached: usize,
     pub prompt_secs: f64,
-    /// Seconds since generation started.
-    pub gen_secs: f64,
+    /// As in [`SeqOutput`]: the round that gave the first token, and the first to the latest
+    /// token.
+    pub first_token_secs: f64,
+    pub decode_secs: f64,
     /// Tokens sampled so far.
     pub n_decoded: usize,
     pub stats: SpecStats,
@@ -971,10 +974,6 @@ impl Engine {
         if let Some(s) = self.seqs.remove(&id) {
             self.retire_memory(id, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
-            let between = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-                (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
-                _ => 0.0,
-            };
             let output = SeqOutput {
                 text: String::from_utf8_lossy(&s.text).into_owned(),
                 tokens: s.generated,
@@ -1094,7 +1093,8 @@ impl Engine {
             n_prompt: s.n_prompt,
             n_cached: s.n_cached,
             prompt_secs: s.prompt_secs,
-            gen_secs: s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            first_token_secs: between(s.gen_start, s.first_token),
+            decode_secs: between(s.first_token, s.last_token),
             n_decoded: s.generated.len() + usize::from(s.eog.is_some()),
             stats: s.stats.clone(),
         })
@@ -1202,6 +1202,14 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// Seconds from `a` to `b` (0 unless both happened).
+fn between(a: Option<Instant>, b: Option<Instant>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+        _ => 0.0,
     }
 }
 
