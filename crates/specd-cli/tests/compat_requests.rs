@@ -168,12 +168,14 @@ fn end_of_generation_token_counts() {
 
     let mut st = yes.clone();
     st["stream"] = json!(true);
+    st["timings_per_token"] = json!(true);
     let cs = chunks(&s.post("/completion", &st));
     let partial: Vec<&Value> = cs.iter().filter(|c| c["stop"] == false).collect();
     let last = partial.last().unwrap();
     assert_eq!(last["content"], "");
     assert_eq!(last["tokens"], json!([eog]));
     assert_eq!(last["tokens_predicted"], n);
+    assert_eq!(last["timings"]["predicted_n"], n);
     assert_eq!(cs.last().unwrap()["tokens_predicted"], n);
 
     let v = s.ok(

@@ -836,12 +836,14 @@ impl Shape {
         vec![v.to_string()]
     }
 
-    /// Payloads for the end of the generation (without the stream's closing `[DONE]`).
-    fn done(&mut self, st: &AppState, out: &SeqOutput) -> Vec<String> {
+    /// Payloads for the end of the generation (without the stream's closing `[DONE]`);
+    /// `per_token`: the request asked for `timings_per_token`.
+    fn done(&mut self, st: &AppState, out: &SeqOutput, per_token: bool) -> Vec<String> {
         // llama-server streams the end-of-generation token as a chunk of its own.
+        let live = per_token.then(|| out.timings());
         let mut v = match out.eog {
             Some(t) if !matches!(self, Shape::OaiChat { .. }) => {
-                self.chunk(st, vec![t], String::new(), &[], None)
+                self.chunk(st, vec![t], String::new(), &[], live.as_ref())
             }
             _ => Vec::new(),
         };
@@ -959,7 +961,7 @@ fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = V
                     if s.r.zero {
                         hide_zero(&mut out);
                     }
-                    let p = s.shape.done(&s.st, &out);
+                    let p = s.shape.done(&s.st, &out, s.r.timings);
                     return Some((p, None));
                 }
                 Some(Event::Failed(e)) => {
