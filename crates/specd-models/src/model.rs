@@ -285,6 +285,17 @@ impl Model {
     /// if asked) are returned for rows with `logits` set. Batches longer than `n_ubatch` rows are
     /// processed in chunks. On error the memory is left as it was before the failing chunk.
     pub fn decode(&self, mem: &mut Memory, batch: &Batch) -> Result<DecodeOutput, ModelError> {
+        self.decode_with(mem, batch, &mut |_| {})
+    }
+
+    /// [`Model::decode`], calling `on_chunk(rows_done)` after each chunk of `n_ubatch` rows, so
+    /// a caller can report how far a long prompt has got while the batch is still running.
+    pub fn decode_with(
+        &self,
+        mem: &mut Memory,
+        batch: &Batch,
+        on_chunk: &mut dyn FnMut(usize),
+    ) -> Result<DecodeOutput, ModelError> {
         self.validate(mem, batch)?;
         let mut out = DecodeOutput {
             n_vocab: self.cfg.n_vocab,
@@ -296,6 +307,7 @@ impl Model {
             let end = (start + ub).min(batch.rows.len());
             self.pool
                 .install(|| self.forward(mem, batch, start, end, &mut out))?;
+            on_chunk(end);
         }
         Ok(out)
     }

@@ -108,7 +108,7 @@ impl GrammarVocab {
             ),
             GrammarSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             GrammarSpec::JsonSchema(s) => {
-                TopLevelGrammar::from_json_schema(compact_json(s.clone()))
+                TopLevelGrammar::from_json_schema(compact_json(infer_types(s.clone())))
             }
             GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(compact_json(
                 serde_json::json!({"type": "object"}),
@@ -140,6 +140,76 @@ fn compact_json(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+/// Reads a schema as llama.cpp's schema converter does: a (sub)schema without `type` takes the
+/// type its keywords imply (`properties` → object, `items` / `prefixItems` → array, `pattern` /
+/// `minLength` / `maxLength` / `format` → string), and an array of `items` is a tuple of exactly
+/// those items (draft 4). JSON Schema itself would accept any value there, so a client's
+/// `{"items": [{"type": "integer"}]}` would not constrain the output to an array.
+fn infer_types(mut schema: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let Some(o) = schema.as_object_mut() else {
+        return schema;
+    };
+    // Subschemas first.
+    for key in ["properties", "$defs", "definitions", "patternProperties"] {
+        if let Some(Value::Object(m)) = o.get_mut(key) {
+            for v in m.values_mut() {
+                *v = infer_types(v.take());
+            }
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(a)) = o.get_mut(key) {
+            for v in a.iter_mut() {
+                *v = infer_types(v.take());
+            }
+        }
+    }
+    for key in ["additionalProperties", "not", "contains"] {
+        if let Some(v @ Value::Object(_)) = o.get_mut(key) {
+            *v = infer_types(v.take());
+        }
+    }
+    match o.get_mut("items") {
+        Some(Value::Array(a)) => {
+            let tuple: Vec<Value> = a.iter_mut().map(|v| infer_types(v.take())).collect();
+            let n = tuple.len();
+            o.insert("prefixItems".into(), Value::Array(tuple));
+            o.insert("items".into(), Value::Bool(false));
+            o.entry("minItems").or_insert_with(|| n.into());
+        }
+        Some(v @ Value::Object(_)) => *v = infer_types(v.take()),
+        _ => {}
+    }
+    let typed = ["type", "$ref", "anyOf", "oneOf", "const", "enum"]
+        .iter()
+        .any(|k| o.contains_key(*k));
+    if !typed {
+        let has = |k: &str| o.contains_key(k);
+        let props = has("properties")
+            || o.get("additionalProperties")
+                .is_some_and(|v| v != &Value::Bool(true));
+        let ty = if props {
+            Some("object")
+        } else if has("allOf") {
+            None
+        } else if has("items") || has("prefixItems") {
+            Some("array")
+        } else if ["pattern", "minLength", "maxLength", "format"]
+            .iter()
+            .any(|k| has(k))
+        {
+            Some("string")
+        } else {
+            None
+        };
+        if let Some(t) = ty {
+            o.insert("type".into(), t.into());
+        }
     }
     schema
 }

@@ -128,6 +128,41 @@ fn json_schema_output_parses_and_validates() {
     }
 }
 
+/// Schemas without `type` are read as llama.cpp reads them: the keywords imply the type, and an
+/// array of `items` is a tuple of exactly those items.
+#[test]
+fn schema_keywords_imply_the_type() {
+    for seed in 0..6 {
+        let tuple = serde_json::json!({"items": [{"type": "integer"}, {"const": "yes"}]});
+        let (text, _) = generate(
+            &GrammarSpec::JsonSchema(tuple),
+            SamplerParams::greedy(),
+            seed,
+            200,
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let a = v
+            .as_array()
+            .unwrap_or_else(|| panic!("not an array: {text}"));
+        assert!(a.len() == 2 && a[0].is_i64() && a[1] == "yes", "{text}");
+
+        let object = serde_json::json!({"properties": {"n": {"maxLength": 2}}, "required": ["n"]});
+        let (text, _) = generate(
+            &GrammarSpec::JsonSchema(object),
+            SamplerParams::greedy(),
+            seed,
+            200,
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(
+            v["n"].as_str().is_some_and(|n| n.chars().count() <= 2),
+            "{text}"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     /// Accepting tokens, rolling some back and sampling again gives exactly the tokens that

@@ -14,8 +14,10 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::engine::TokenProbs;
-use specd_spec::{DrafterKind, FinishReason, SeqOutput, SequenceRequest, SpecParams};
-use specd_tokenizer::ChatMessage;
+use specd_spec::{
+    DrafterKind, FinishReason, LiveTimings, PromptProgress, SeqOutput, SequenceRequest, SpecParams,
+};
+use specd_tokenizer::{ChatMessage, Continuation};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -87,19 +89,135 @@ fn settings_of(st: &AppState, g: &GenParams) -> Value {
     v
 }
 
-/// Applies the chat template to a request's `messages` (with `tools` and
-/// `chat_template_kwargs` visible to the template).
-pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
-    let msgs = f
-        .get("messages")
-        .ok_or_else(|| ApiError::invalid("'messages' is required").with("param", "messages"))?;
-    let msgs: Vec<ChatMessage> = serde_json::from_value(msgs.clone()).map_err(|e| {
-        ApiError::invalid(format!("'messages' must be an array of messages: {e}"))
-            .with("param", "messages")
-    })?;
-    if msgs.is_empty() {
-        return Err(ApiError::invalid("'messages' must not be empty").with("param", "messages"));
+/// Whether a chat prompt ends with a generation prompt, and how its last message is continued
+/// (`continue_final_message`, or `prefill`: a final assistant message), if it is.
+fn continuation(
+    f: &Fields,
+    msgs: &[Value],
+    prefill: bool,
+) -> Result<(bool, Option<Continuation>), ApiError> {
+    let mut add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let last_text = |m: &Value| match m.get("content") {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    // true (the content, or the reasoning when the message has only reasoning), or the part.
+    let mut auto = false;
+    let mut part = match f.get("continue_final_message") {
+        Some(Value::Bool(true)) => {
+            auto = true;
+            Some(Continuation::Content)
+        }
+        Some(Value::String(s)) if s == "content" => Some(Continuation::Content),
+        Some(Value::String(s)) if s == "reasoning_content" => Some(Continuation::Reasoning),
+        _ => None,
+    };
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_string);
+    let n = msgs.len();
+    // Assistant prefill: a final assistant message is continued (llama-server's default).
+    if prefill && part.is_none() && n > 0 && role(&msgs[n - 1]).as_deref() == Some("assistant") {
+        if n >= 2 && role(&msgs[n - 2]).as_deref() == Some("assistant") {
+            return Err(ApiError::invalid(
+                "Cannot have 2 or more assistant messages at the end of the list.",
+            ));
+        }
+        part = Some(Continuation::Content);
+        auto = true;
+        add_generation_prompt = false;
     }
+    let Some(mut part) = part else {
+        return Ok((add_generation_prompt, None));
+    };
+    if add_generation_prompt {
+        return Err(ApiError::invalid(
+            "Cannot set both add_generation_prompt and continue_final_message to true.",
+        ));
+    }
+    if let Some(last) = msgs.last() {
+        let tool_calls = last.get("tool_calls").and_then(Value::as_array);
+        if role(last).as_deref() == Some("assistant") && tool_calls.is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::invalid(
+                "Cannot continue an assistant message that contains tool calls.",
+            ));
+        }
+        let reasoning = last.get("reasoning_content").and_then(Value::as_str);
+        if auto && last_text(last) && reasoning.is_some_and(|r| !r.is_empty()) {
+            part = Continuation::Reasoning;
+        }
+    }
+    Ok((false, Some(part)))
+}
+
+/// Checks `messages` as llama-server does (same messages); media parts are refused, specd
+/// serving text models only.
+fn check_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
+    let msgs = match f.0.get("messages") {
+        None => return Err(ApiError::invalid("'messages' is required").with("param", "messages")),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(
+                ApiError::invalid("Expected 'messages' to be an array").with("param", "messages")
+            )
+        }
+    };
+    for m in msgs {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        let content = m.get("content");
+        if role != "assistant" && content.is_none() {
+            return Err(ApiError::invalid(
+                "All non-assistant messages must contain 'content'",
+            ));
+        }
+        if role == "assistant" && content.is_none() {
+            if m.get("tool_calls").is_none() {
+                return Err(ApiError::invalid(
+                    "Assistant message must contain either 'content' or 'tool_calls'!",
+                ));
+            }
+            continue;
+        }
+        match content {
+            None | Some(Value::String(_)) | Some(Value::Null) => {}
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    match p.get("type").and_then(Value::as_str) {
+                        Some("text") => {}
+                        Some(t @ ("image_url" | "input_audio" | "input_video" | "video_url")) => {
+                            return Err(ApiError::invalid(format!(
+                                "content of type '{t}' is not supported: specd serves text models"
+                            )))
+                        }
+                        _ => return Err(ApiError::invalid("unsupported content[].type")),
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "Expected 'content' to be a string or an array",
+                ))
+            }
+        }
+    }
+    Ok(msgs.clone())
+}
+
+/// Applies the chat template to a request's `messages` (with `tools` and
+/// `chat_template_kwargs` visible to the template): a generation prompt after them, or — with
+/// `continue_final_message`, or a final assistant message (prefill) — the last one left open.
+pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
+    let raw = check_messages(f)?;
+    let (add_generation_prompt, part) = continuation(f, &raw, st.cfg.prefill_assistant)?;
+    let msgs: Vec<ChatMessage> = raw
+        .into_iter()
+        .map(|m| {
+            serde_json::from_value(m.clone()).map_err(|e| {
+                ApiError::invalid(format!("Failed to parse messages: {e}: {m}"))
+                    .with("param", "messages")
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let mut extra = f
         .object("chat_template_kwargs")?
         .map(|o| o.0.clone())
@@ -107,9 +225,11 @@ pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
     if let Some(t) = f.get("tools") {
         extra.insert("tools".into(), t.clone());
     }
-    st.template
-        .render(&msgs, true, &extra)
-        .map_err(|e| ApiError::invalid(format!("applying the chat template: {e}")))
+    let out = match part {
+        None => st.template.render(&msgs, add_generation_prompt, &extra),
+        Some(p) => st.template.render_continuation(&msgs, p, &extra),
+    };
+    out.map_err(|e| ApiError::invalid(format!("applying the chat template: {e}")))
 }
 
 /// Text → tokens as llama-server does for prompts: BOS as the model asks, special tokens parsed.
@@ -127,63 +247,92 @@ fn tokenize_prompt(st: &AppState, text: &str, add_special: bool) -> Result<Vec<u
     Ok(ids)
 }
 
-/// `prompt` of `/completion` and `/v1/completions`: a string, token ids, a mix of both, or a
-/// list of such prompts.
-fn parse_prompts(st: &AppState, f: &Fields) -> Result<Vec<Vec<u32>>, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "'prompt' must be a string, an array of token ids and strings, or an array of prompts",
-        )
-        .with("param", "prompt")
-    };
-    let one = |v: &Value| -> Result<Vec<u32>, ApiError> {
-        match v {
-            Value::String(s) => tokenize_prompt(st, s, true),
-            Value::Array(items) => {
-                let mut out = Vec::new();
-                for (i, it) in items.iter().enumerate() {
-                    match it {
-                        Value::String(s) => out.extend(tokenize_prompt(st, s, i == 0)?),
-                        Value::Number(n) => out.push(
-                            n.as_u64()
-                                .and_then(|x| u32::try_from(x).ok())
-                                .ok_or_else(bad)?,
-                        ),
-                        _ => return Err(bad()),
-                    }
+fn is_int(v: &Value) -> bool {
+    v.is_i64() || v.is_u64()
+}
+
+fn bad_prompt() -> ApiError {
+    ApiError::invalid(
+        "\"prompt\" elements must be a string, a list of tokens, a JSON object containing a prompt string, or a list of mixed strings & tokens.",
+    )
+    .with("param", "prompt")
+}
+
+/// A token id of a prompt; ids outside the vocabulary are refused as llama-server does.
+fn prompt_token(st: &AppState, v: &Value) -> Result<u32, ApiError> {
+    let n_vocab = st.model.config().n_vocab;
+    v.as_u64()
+        .filter(|&t| t < n_vocab as u64)
+        .map(|t| t as u32)
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "Prompt contains invalid tokens: {v} in the prompt is not a token id (the vocabulary has {n_vocab})"
+            ))
+            .with("param", "prompt")
+        })
+}
+
+/// A string, or token ids mixed with strings: BOS (when the model wants one) only before a
+/// leading string.
+fn tokenize_mixed(st: &AppState, v: &Value) -> Result<Vec<u32>, ApiError> {
+    match v {
+        Value::String(s) => tokenize_prompt(st, s, true),
+        Value::Array(items) => {
+            let mut out = Vec::new();
+            for (i, it) in items.iter().enumerate() {
+                match it {
+                    Value::String(s) => out.extend(tokenize_prompt(st, s, i == 0)?),
+                    n if is_int(n) => out.push(prompt_token(st, n)?),
+                    _ => return Err(bad_prompt()),
                 }
-                Ok(out)
             }
-            _ => Err(bad()),
+            Ok(out)
         }
-    };
-    match f.get("prompt") {
-        None => Err(ApiError::invalid("'prompt' is required").with("param", "prompt")),
-        Some(v @ Value::String(_)) => Ok(vec![one(v)?]),
-        Some(Value::Array(a)) if a.iter().any(Value::is_number) || a.len() <= 1 => {
-            // One prompt (token ids, maybe mixed with text) — or a list holding one prompt.
-            match a.first() {
-                Some(first @ Value::Array(_)) if a.len() == 1 => Ok(vec![one(first)?]),
-                _ => Ok(vec![one(&Value::Array(a.clone()))?]),
-            }
-        }
-        Some(Value::Array(a)) => a.iter().map(one).collect(),
-        Some(_) => Err(bad()),
+        _ => Err(bad_prompt()),
     }
 }
 
-/// Checks a prompt and builds the engine request.
+/// One prompt: a string, token ids (maybe mixed with strings), or
+/// `{"prompt_string": ..., "multimodal_data": [...]}` (text only: specd has no multimodal
+/// models).
+fn sub_prompt(st: &AppState, v: &Value) -> Result<Vec<u32>, ApiError> {
+    match v {
+        Value::String(_) | Value::Array(_) => tokenize_mixed(st, v),
+        Value::Object(o) => {
+            let Some(p) = o.get("prompt_string") else {
+                return Err(bad_prompt());
+            };
+            if o.contains_key("multimodal_data") {
+                return Err(ApiError::invalid(
+                    "Multimodal data provided, but model does not support multimodal requests.",
+                )
+                .with("param", "prompt"));
+            }
+            tokenize_mixed(st, p)
+        }
+        _ => Err(bad_prompt()),
+    }
+}
+
+/// `prompt` of `/completion` and `/v1/completions`, read as llama-server reads it: an array
+/// holding any token id is one prompt; any other array is a list of prompts (one result each).
+fn parse_prompts(st: &AppState, f: &Fields) -> Result<Vec<Vec<u32>>, ApiError> {
+    let Some(p) = f.0.get("prompt") else {
+        return Err(ApiError::invalid("\"prompt\" is required").with("param", "prompt"));
+    };
+    let prompts: Vec<&Value> = match p {
+        Value::Array(a) if !a.iter().any(is_int) => a.iter().collect(),
+        other => vec![other],
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("\"prompt\" must not be empty").with("param", "prompt"));
+    }
+    prompts.into_iter().map(|v| sub_prompt(st, v)).collect()
+}
+
+/// Checks a prompt and builds the engine request. An empty prompt is answered at once with
+/// nothing generated, as llama-server does.
 fn prepare(st: &AppState, prompt: Vec<u32>, g: &GenParams) -> Result<SequenceRequest, ApiError> {
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("the prompt is empty").with("param", "prompt"));
-    }
-    let n_vocab = st.model.config().n_vocab;
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= n_vocab) {
-        return Err(ApiError::invalid(format!(
-            "prompt token {t} is out of the vocabulary ({n_vocab} tokens)"
-        ))
-        .with("param", "prompt"));
-    }
     let n_ctx = st.cfg.n_ctx_slot;
     if prompt.len() >= n_ctx {
         return Err(ApiError::exceed_context(prompt.len(), n_ctx));
@@ -216,20 +365,48 @@ fn prepare(st: &AppState, prompt: Vec<u32>, g: &GenParams) -> Result<SequenceReq
     Ok(r)
 }
 
-/// A request that has a slot.
+/// What a request asks to see besides the generation (llama-server's response options).
+#[derive(Debug, Clone, Copy)]
+struct Extras {
+    /// `verbose` (default on with `--verbose`): `__verbose`, the llama-server form of the result.
+    verbose: bool,
+    /// `timings_per_token`: timings in every streamed chunk.
+    timings_per_token: bool,
+    /// `return_progress` (streams only): `prompt_progress` chunks while the prompt is processed.
+    progress: bool,
+}
+
+impl Extras {
+    fn of(st: &AppState, f: &Fields, g: &GenParams) -> Result<Self, ApiError> {
+        Ok(Extras {
+            verbose: f.bool("verbose")?.unwrap_or(st.cfg.verbose),
+            timings_per_token: f.bool("timings_per_token")?.unwrap_or(false),
+            progress: g.stream && f.bool("return_progress")?.unwrap_or(false),
+        })
+    }
+}
+
+/// A request handed to the engine.
 struct Running {
     rx: mpsc::UnboundedReceiver<Event>,
+    /// Its slot (known once it started).
     slot: usize,
     prompt: Vec<u32>,
     /// `n_predict: 0`: the one token generated is not reported.
     zero: bool,
+    /// Streamed with `timings_per_token`.
+    timings: bool,
 }
 
-/// Submits a generation and waits until it has a slot (or fails: bad grammar, …), so errors
-/// get their own status even for streamed requests.
-async fn start(st: &Arc<AppState>, prompt: Vec<u32>, g: &GenParams) -> Result<Running, ApiError> {
+/// Hands a generation to the engine without waiting for it to start.
+async fn submit(
+    st: &Arc<AppState>,
+    prompt: Vec<u32>,
+    g: &GenParams,
+    x: Extras,
+) -> Result<Running, ApiError> {
     let mut req = prepare(st, prompt.clone(), g)?;
-    if req.spec.drafters.contains(&DrafterKind::Synthetic) {
+    if req.spec.drafters.contains(&DrafterKind::Synthetic) && !req.prompt.is_empty() {
         let (st2, r) = (st.clone(), req.clone());
         let reference = tokio::task::spawn_blocking(move || {
             st2.references
@@ -239,29 +416,53 @@ async fn start(st: &Arc<AppState>, prompt: Vec<u32>, g: &GenParams) -> Result<Ru
         .map_err(|e| ApiError::server(format!("synthetic reference run: {e}")))??;
         req.reference = Some(reference);
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     st.sched.submit(Job {
         req,
         id_slot: g.id_slot,
         cache_prompt: g.cache_prompt,
         events: tx,
         settings: settings_of(st, g),
+        progress: x.progress,
+        timings: x.timings_per_token && g.stream,
     })?;
+    Ok(Running {
+        rx,
+        slot: 0,
+        prompt,
+        zero: g.n_predict == Some(0),
+        timings: x.timings_per_token && g.stream,
+    })
+}
+
+/// Submits a generation and waits until it has a slot (or fails: bad grammar, …), so errors
+/// get their own status even for streamed requests.
+async fn start(
+    st: &Arc<AppState>,
+    prompt: Vec<u32>,
+    g: &GenParams,
+    x: Extras,
+) -> Result<Running, ApiError> {
+    let mut r = submit(st, prompt, g, x).await?;
     loop {
-        match rx.recv().await {
+        match r.rx.recv().await {
             Some(Event::Started { slot, .. }) => {
-                return Ok(Running {
-                    rx,
-                    slot,
-                    prompt,
-                    zero: g.n_predict == Some(0),
-                })
+                r.slot = slot;
+                return Ok(r);
             }
             Some(Event::Failed(e)) => return Err(e),
             Some(_) => continue,
             None => return Err(ApiError::server("the engine dropped the request")),
         }
     }
+}
+
+/// Clears what `n_predict: 0` generated only to evaluate the prompt.
+fn hide_zero(out: &mut SeqOutput) {
+    out.tokens.clear();
+    out.text.clear();
+    out.probs.clear();
+    out.eog = None;
 }
 
 /// Waits for the end of a generation.
@@ -271,13 +472,12 @@ async fn finish(mut r: Running) -> Result<(SeqOutput, Running), ApiError> {
             Some(Event::Done(out)) => {
                 let mut out = *out;
                 if r.zero {
-                    out.tokens.clear();
-                    out.text.clear();
-                    out.probs.clear();
+                    hide_zero(&mut out);
                 }
                 return Ok((out, r));
             }
             Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Started { slot, .. }) => r.slot = slot,
             Some(_) => continue,
             None => return Err(ApiError::server("the engine dropped the request")),
         }
@@ -301,14 +501,18 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// llama-server's `timings` (see [`Timings`]).
-fn timings(out: &SeqOutput) -> Value {
-    Timings::of(out).json()
+/// llama-server's `timings` (see [`Timings`]) of a generation so far (`timings_per_token`).
+fn timings_json(t: &LiveTimings) -> Value {
+    Timings::live(t).json()
 }
 
-/// specd's speculation statistics of a request (acceptance, rounds, rollbacks, per-position
-/// acceptance), next to `timings` as `speculative`: `timings` holds only numbers, as clients
-/// of llama-server expect.
+/// llama-server's `timings` of a whole generation: numbers only, as clients read them.
+fn timings(out: &SeqOutput) -> Value {
+    timings_json(&out.timings())
+}
+
+/// specd's speculation statistics of a generation (acceptance length and rate, rounds,
+/// rollbacks by kind, …), given next to `timings`.
 fn speculative(out: &SeqOutput) -> Value {
     let mut spec = serde_json::to_value(&out.stats).unwrap_or_else(|_| json!({}));
     if let Some(o) = spec.as_object_mut() {
@@ -321,6 +525,27 @@ fn speculative(out: &SeqOutput) -> Value {
     spec
 }
 
+/// The final `timings` of a result, and the speculation statistics next to them.
+fn add_timings(v: &mut Value, out: &SeqOutput) {
+    v["timings"] = timings(out);
+    v["speculative"] = speculative(out);
+}
+
+/// `timings` of a progress report (`timings_per_token`): the prompt so far, nothing predicted.
+fn progress_timings(p: &PromptProgress) -> Value {
+    Timings::progress(p).json()
+}
+
+/// llama-server's `prompt_progress`.
+fn progress_json(p: &PromptProgress) -> Value {
+    json!({
+        "total": p.total,
+        "cache": p.cache,
+        "processed": p.processed,
+        "time_ms": (p.secs * 1e3) as u64,
+    })
+}
+
 fn stop_type(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Eos => "eos",
@@ -330,10 +555,12 @@ fn stop_type(r: FinishReason) -> &'static str {
     }
 }
 
+/// OpenAI `finish_reason`: `stop` for an end-of-generation token or a stop string, `length`
+/// otherwise (llama-server: an empty prompt's answer too).
 fn finish_reason(r: FinishReason) -> &'static str {
     match r {
-        FinishReason::Eos | FinishReason::Stop | FinishReason::Error => "stop",
-        FinishReason::Limit | FinishReason::Context => "length",
+        FinishReason::Eos | FinishReason::Stop => "stop",
+        FinishReason::Limit | FinishReason::Context | FinishReason::Error => "length",
     }
 }
 
@@ -406,30 +633,43 @@ fn completion_logprobs(st: &AppState, probs: &[TokenProbs], n_top: usize, offset
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
+/// OpenAI `usage`, counted as llama-server counts: every prompt token (cached ones included),
+/// every sampled token (an end-of-generation token included).
 fn usage(out: &SeqOutput) -> Value {
     json!({
         "prompt_tokens": out.n_prompt,
-        "completion_tokens": out.tokens.len(),
-        "total_tokens": out.n_prompt + out.tokens.len(),
+        "completion_tokens": out.n_decoded(),
+        "total_tokens": out.n_prompt + out.n_decoded(),
         "prompt_tokens_details": {"cached_tokens": out.n_cached},
     })
 }
 
-/// What a streamed response looks like, per API.
+/// The final llama-server object of a generation (`/completion`, and `__verbose`).
+type FullFn = Box<dyn Fn(&SeqOutput) -> Value + Send>;
+
+/// What a streamed response looks like, per API. Each shape holds one generation; `index`
+/// tells the generations of a multi-prompt request apart.
 enum Shape {
     Llama {
+        index: usize,
         slot: usize,
         n_probs: usize,
         n_prompt: usize,
         n_decoded: usize,
-        full: Box<dyn Fn(&SeqOutput) -> Value + Send>,
+        full: FullFn,
     },
     OaiCompletion {
+        index: usize,
+        slot: usize,
         id: String,
         created: u64,
         model: String,
         logprobs: Option<usize>,
         offset: usize,
+        n_prompt: usize,
+        n_decoded: usize,
+        /// With `verbose`: the final object for `__verbose`.
+        verbose: Option<FullFn>,
     },
     OaiChat {
         id: String,
@@ -438,10 +678,32 @@ enum Shape {
         logprobs: Option<usize>,
         include_usage: bool,
         started: bool,
+        verbose: Option<FullFn>,
     },
 }
 
+/// A streamed llama-server partial result (also the `__verbose` of OpenAI completion chunks).
+fn llama_partial(
+    index: usize,
+    slot: usize,
+    text: &str,
+    tokens: &[u32],
+    n: usize,
+    np: usize,
+) -> Value {
+    json!({
+        "index": index, "content": text, "tokens": tokens, "stop": false,
+        "id_slot": slot, "tokens_predicted": n, "tokens_evaluated": np,
+    })
+}
+
 impl Shape {
+    fn set_slot(&mut self, s: usize) {
+        if let Shape::Llama { slot, .. } | Shape::OaiCompletion { slot, .. } = self {
+            *slot = s;
+        }
+    }
+
     /// Payloads for new tokens.
     fn chunk(
         &mut self,
@@ -449,9 +711,11 @@ impl Shape {
         tokens: Vec<u32>,
         text: String,
         probs: &[TokenProbs],
+        live: Option<&LiveTimings>,
     ) -> Vec<String> {
         match self {
             Shape::Llama {
+                index,
                 slot,
                 n_probs,
                 n_prompt,
@@ -459,29 +723,42 @@ impl Shape {
                 ..
             } => {
                 *n_decoded += tokens.len();
-                let mut v = json!({
-                    "index": 0, "content": text, "tokens": tokens, "stop": false,
-                    "id_slot": slot, "tokens_predicted": n_decoded, "tokens_evaluated": n_prompt,
-                });
+                let mut v = llama_partial(*index, *slot, &text, &tokens, *n_decoded, *n_prompt);
                 if *n_probs > 0 {
                     v["completion_probabilities"] = json!(llama_probs(st, probs, *n_probs));
+                }
+                if let Some(t) = live {
+                    v["timings"] = timings_json(t);
                 }
                 vec![v.to_string()]
             }
             Shape::OaiCompletion {
+                index,
+                slot,
                 id,
                 created,
                 model,
                 logprobs,
                 offset,
+                n_prompt,
+                n_decoded,
+                verbose,
             } => {
+                *n_decoded += tokens.len();
                 let lp = logprobs.map(|n| completion_logprobs(st, probs, n, *offset));
                 *offset += text.len();
-                vec![json!({
+                let mut v = json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": null}],
-                })
-                .to_string()]
+                    "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": null}],
+                });
+                if verbose.is_some() {
+                    v["__verbose"] =
+                        llama_partial(*index, *slot, &text, &tokens, *n_decoded, *n_prompt);
+                }
+                if let Some(t) = live {
+                    v["timings"] = timings_json(t);
+                }
+                vec![v.to_string()]
             }
             Shape::OaiChat {
                 id,
@@ -498,7 +775,6 @@ impl Shape {
                         "model": model, "system_fingerprint": fingerprint(),
                         "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}],
                     })
-                    .to_string()
                 };
                 if !*started {
                     *started = true;
@@ -514,71 +790,134 @@ impl Shape {
                     );
                     out.push(head(json!({"content": text}), lp));
                 }
-                out
+                // Timings ride on the last chunk of the token (llama-server).
+                if let (Some(t), Some(last)) = (live, out.last_mut()) {
+                    last["timings"] = timings_json(t);
+                }
+                out.into_iter().map(|v| v.to_string()).collect()
             }
         }
     }
 
-    /// Payloads for the end of the generation.
-    fn done(&mut self, out: &SeqOutput) -> Vec<String> {
-        match self {
-            Shape::Llama { full, .. } => vec![full(out).to_string()],
+    /// A `prompt_progress` chunk (with the prompt's timings so far for `timings_per_token`).
+    fn progress(&self, p: &PromptProgress, with_timings: bool) -> Vec<String> {
+        let mut v = match self {
+            Shape::Llama {
+                index,
+                slot,
+                n_prompt,
+                n_decoded,
+                ..
+            } => llama_partial(*index, *slot, "", &[], *n_decoded, *n_prompt),
             Shape::OaiCompletion {
+                index,
+                id,
+                created,
+                model,
+                ..
+            } => json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"text": "", "index": index, "logprobs": null, "finish_reason": null}],
+            }),
+            // llama-server sends each progress report as a role chunk.
+            Shape::OaiChat {
                 id, created, model, ..
-            } => vec![
-                json!({
+            } => json!({
+                "id": id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "system_fingerprint": fingerprint(),
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": null},
+                             "logprobs": null, "finish_reason": null}],
+            }),
+        };
+        if with_timings {
+            v["timings"] = progress_timings(p);
+        }
+        v["prompt_progress"] = progress_json(p);
+        vec![v.to_string()]
+    }
+
+    /// Payloads for the end of the generation (without the stream's closing `[DONE]`);
+    /// `per_token`: the request asked for `timings_per_token`.
+    fn done(&mut self, st: &AppState, out: &SeqOutput, per_token: bool) -> Vec<String> {
+        // llama-server streams the end-of-generation token as a chunk of its own.
+        let live = per_token.then(|| out.timings());
+        let mut v = match out.eog {
+            Some(t) if !matches!(self, Shape::OaiChat { .. }) => {
+                self.chunk(st, vec![t], String::new(), &[], live.as_ref())
+            }
+            _ => Vec::new(),
+        };
+        match self {
+            Shape::Llama { full, slot, .. } => {
+                let mut f = full(out);
+                f["id_slot"] = json!(slot);
+                v.push(f.to_string());
+            }
+            Shape::OaiCompletion {
+                index,
+                slot,
+                id,
+                created,
+                model,
+                verbose,
+                ..
+            } => {
+                let mut c = json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"text": "", "index": 0, "logprobs": null,
+                    "choices": [{"text": "", "index": index, "logprobs": null,
                                  "finish_reason": finish_reason(out.reason)}],
-                    "usage": usage(out), "timings": timings(out),
-                    "speculative": speculative(out),
-                })
-                .to_string(),
-                "[DONE]".into(),
-            ],
+                    "usage": usage(out),
+                });
+                add_timings(&mut c, out);
+                if let Some(f) = verbose {
+                    c["__verbose"] = f(out);
+                    c["__verbose"]["id_slot"] = json!(slot);
+                }
+                v.push(c.to_string());
+            }
             Shape::OaiChat {
                 id,
                 created,
                 model,
                 include_usage,
                 started,
+                verbose,
                 ..
             } => {
-                let mut v = vec![];
-                let chunk = |choices: Value, extra: Option<(&str, Value)>| {
-                    let mut c = json!({
+                let chunk = |choices: Value| {
+                    json!({
                         "id": id, "object": "chat.completion.chunk", "created": created,
                         "model": model, "system_fingerprint": fingerprint(), "choices": choices,
-                    });
-                    if let Some((k, x)) = extra {
-                        if k == "timings" {
-                            c["speculative"] = speculative(out);
-                        }
-                        c[k] = x;
-                    }
-                    c.to_string()
+                    })
                 };
+                let mut cs = Vec::new();
                 // A stream that produced no text still opens with the role chunk.
                 if !*started {
                     *started = true;
-                    v.push(chunk(
+                    cs.push(chunk(
                         json!([{"index": 0, "delta": {"role": "assistant", "content": null},
                                 "logprobs": null, "finish_reason": null}]),
-                        None,
                     ));
                 }
-                v.push(chunk(
-                    json!([{"index": 0, "delta": {}, "logprobs": null,
-                            "finish_reason": finish_reason(out.reason)}]),
-                    Some(("timings", timings(out))),
-                ));
-                if *include_usage {
-                    v.push(chunk(json!([]), Some(("usage", usage(out)))));
+                let mut fin = chunk(json!([{"index": 0, "delta": {}, "logprobs": null,
+                            "finish_reason": finish_reason(out.reason)}]));
+                if let Some(f) = verbose {
+                    fin["__verbose"] = f(out);
                 }
-                v.push("[DONE]".into());
-                v
+                cs.push(fin);
+                if *include_usage {
+                    let mut u = chunk(json!([]));
+                    u["usage"] = usage(out);
+                    cs.push(u);
+                }
+                // The timings go on the last chunk: the usage chunk when there is one.
+                if let Some(last) = cs.last_mut() {
+                    add_timings(last, out);
+                }
+                v.extend(cs.into_iter().map(|c| c.to_string()));
             }
         }
+        v
     }
 }
 
@@ -586,15 +925,15 @@ fn fingerprint() -> String {
     format!("specd-{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Streams a generation as server-sent events; dropping the stream (the client went away)
-/// drops the event receiver, which cancels the slot.
-fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
+/// One generation's stream of SSE payloads; dropping it (the client went away) drops the
+/// event receiver, which cancels the slot.
+fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = Vec<String>> {
     struct S {
         st: Arc<AppState>,
         r: Running,
         shape: Shape,
     }
-    let events = stream::unfold(Some(S { st, r, shape }), |state| async move {
+    stream::unfold(Some(S { st, r, shape }), |state| async move {
         let mut s = state?;
         loop {
             match s.r.rx.recv().await {
@@ -602,29 +941,36 @@ fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
                     tokens,
                     text,
                     probs,
+                    timings,
                 }) => {
                     if s.r.zero {
                         continue;
                     }
-                    let p = s.shape.chunk(&s.st, tokens, text, &probs);
+                    let p = s
+                        .shape
+                        .chunk(&s.st, tokens, text, &probs, timings.as_deref());
                     if !p.is_empty() {
                         return Some((p, Some(s)));
                     }
                 }
+                Some(Event::Progress(p)) => {
+                    return Some((s.shape.progress(&p, s.r.timings), Some(s)))
+                }
                 Some(Event::Done(out)) => {
                     let mut out = *out;
                     if s.r.zero {
-                        out.tokens.clear();
-                        out.text.clear();
-                        out.probs.clear();
+                        hide_zero(&mut out);
                     }
-                    let p = s.shape.done(&out);
+                    let p = s.shape.done(&s.st, &out, s.r.timings);
                     return Some((p, None));
                 }
                 Some(Event::Failed(e)) => {
                     return Some((vec![json!({"error": e.object()}).to_string()], None))
                 }
-                Some(Event::Started { .. }) => continue,
+                Some(Event::Started { slot, .. }) => {
+                    s.r.slot = slot;
+                    s.shape.set_slot(slot);
+                }
                 None => {
                     let e = ApiError::server("the engine dropped the request");
                     return Some((vec![json!({"error": e.object()}).to_string()], None));
@@ -632,7 +978,17 @@ fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
             }
         }
     })
-    .flat_map(|payloads| {
+}
+
+/// Streams generations as server-sent events (several prompts: interleaved as they come, told
+/// apart by `index`), closed by `[DONE]` for the OpenAI APIs.
+fn sse(st: Arc<AppState>, runs: Vec<(Running, Shape)>, done_marker: bool) -> Response {
+    let all = stream::select_all(
+        runs.into_iter()
+            .map(|(r, shape)| Box::pin(payloads(st.clone(), r, shape))),
+    );
+    let tail = stream::iter(done_marker.then(|| vec!["[DONE]".to_string()]));
+    let events = all.chain(tail).flat_map(|payloads| {
         stream::iter(
             payloads
                 .into_iter()
@@ -653,38 +1009,71 @@ fn into_response(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// llama-server's final `/completion` object.
+/// llama-server's final `/completion` object. Token counts are llama-server's: the
+/// end-of-generation token counts as predicted (and is in `tokens`); `tokens_cached` is what
+/// the slot holds afterwards (prompt and generated tokens, the last sampled one not yet fed).
 fn llama_full(
     st: &AppState,
     g: &GenParams,
+    index: usize,
     slot: usize,
     prompt: &[u32],
     out: &SeqOutput,
     streamed: bool,
 ) -> Value {
+    let mut tokens = Vec::new();
+    if g.return_tokens && !streamed {
+        tokens.extend_from_slice(&out.tokens);
+        tokens.extend(out.eog);
+    }
+    let n_decoded = out.n_decoded();
     let mut v = json!({
-        "index": 0,
+        "index": index,
         "content": if streamed { "" } else { out.text.as_str() },
-        "tokens": if g.return_tokens && !streamed { out.tokens.clone() } else { Vec::new() },
+        "tokens": tokens,
         "id_slot": slot,
         "stop": true,
         "model": st.cfg.model_id,
-        "tokens_predicted": out.tokens.len(),
+        "tokens_predicted": n_decoded,
         "tokens_evaluated": out.n_prompt,
-        "tokens_cached": out.n_cached,
+        "tokens_cached": (out.n_prompt + n_decoded).saturating_sub(usize::from(n_decoded > 0)),
         "generation_settings": settings_of(st, g),
         "prompt": st.model.tokenizer().decode(prompt, true).unwrap_or_default(),
         "has_new_line": out.text.contains('\n'),
         "truncated": out.reason == FinishReason::Context,
         "stop_type": stop_type(out.reason),
         "stopping_word": out.stop_word.clone().unwrap_or_default(),
-        "timings": timings(out),
-        "speculative": speculative(out),
     });
+    add_timings(&mut v, out);
     if g.n_probs > 0 && !streamed {
         v["completion_probabilities"] = json!(llama_probs(st, &out.probs, g.n_probs));
     }
     v
+}
+
+/// The final llama-server object of one generation, for a stream's last chunk or `__verbose`.
+fn full_fn(st: &Arc<AppState>, g: &GenParams, index: usize, r: &Running, streamed: bool) -> FullFn {
+    let (st, g, slot, prompt) = (st.clone(), g.clone(), r.slot, r.prompt.clone());
+    Box::new(move |out: &SeqOutput| llama_full(&st, &g, index, slot, &prompt, out, streamed))
+}
+
+/// Submits every prompt of a streamed request: the first one is waited for, so that a request
+/// that cannot start gets an error status instead of a stream.
+async fn start_streams(
+    st: &Arc<AppState>,
+    prompts: Vec<Vec<u32>>,
+    g: &GenParams,
+    x: Extras,
+) -> Result<Vec<Running>, ApiError> {
+    let mut runs = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.into_iter().enumerate() {
+        runs.push(if i == 0 {
+            start(st, p, g, x).await?
+        } else {
+            submit(st, p, g, x).await?
+        });
+    }
+    Ok(runs)
 }
 
 /// `POST /completion`: llama-server's completion API.
@@ -695,34 +1084,33 @@ pub async fn completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBod
 async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
     let g = parse_gen(&f, &st.cfg.defaults, Api::Llama)?;
+    let x = Extras::of(&st, &f, &g)?;
     let prompts = parse_prompts(&st, &f)?;
-    if g.stream && prompts.len() > 1 {
-        return Err(ApiError::invalid(
-            "streaming is supported for a single prompt only",
-        ));
-    }
     if g.stream {
-        let prompt = prompts.into_iter().next().unwrap_or_default();
-        let r = start(&st, prompt, &g).await?;
-        let (st2, g2, slot, prompt) = (st.clone(), g.clone(), r.slot, r.prompt.clone());
-        let shape = Shape::Llama {
-            slot,
-            n_probs: g.n_probs,
-            n_prompt: prompt.len(),
-            n_decoded: 0,
-            full: Box::new(move |out: &SeqOutput| llama_full(&st2, &g2, slot, &prompt, out, true)),
-        };
-        return Ok(sse(st, r, shape));
+        let runs = start_streams(&st, prompts, &g, x).await?;
+        let runs = runs
+            .into_iter()
+            .enumerate()
+            .map(|(index, r)| {
+                // A later prompt's slot is known when it starts (the shape is told then).
+                let shape = Shape::Llama {
+                    index,
+                    slot: r.slot,
+                    n_probs: g.n_probs,
+                    n_prompt: r.prompt.len(),
+                    n_decoded: 0,
+                    full: full_fn(&st, &g, index, &r, true),
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, runs, false));
     }
-    let results = run_all(&st, prompts, &g).await?;
+    let results = run_all(&st, prompts, &g, x).await?;
     let mut v: Vec<Value> = results
         .iter()
         .enumerate()
-        .map(|(i, (out, r))| {
-            let mut x = llama_full(&st, &g, r.slot, &r.prompt, out, false);
-            x["index"] = json!(i);
-            x
-        })
+        .map(|(i, (out, r))| llama_full(&st, &g, i, r.slot, &r.prompt, out, false))
         .collect();
     Ok(if v.len() == 1 {
         Json(v.remove(0)).into_response()
@@ -736,9 +1124,10 @@ async fn run_all(
     st: &Arc<AppState>,
     prompts: Vec<Vec<u32>>,
     g: &GenParams,
+    x: Extras,
 ) -> Result<Vec<(SeqOutput, Running)>, ApiError> {
     let runs = futures_util::future::join_all(prompts.into_iter().map(|p| async move {
-        let r = start(st, p, g).await?;
+        let r = start(st, p, g, x).await?;
         finish(r).await
     }))
     .await;
@@ -753,6 +1142,7 @@ pub async fn oai_completion(State(st): State<Arc<AppState>>, JsonBody(body): Jso
 async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
     let g = parse_gen(&f, &st.cfg.defaults, Api::OaiCompletion)?;
+    let x = Extras::of(&st, &f, &g)?;
     let prompts = parse_prompts(&st, &f)?;
     let echo = f.bool("echo")?.unwrap_or(false);
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
@@ -760,28 +1150,35 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
     let created = unix_now();
     let logprobs = g.logprobs.then_some(g.n_probs);
     if g.stream {
-        if prompts.len() > 1 {
-            return Err(ApiError::invalid(
-                "streaming is supported for a single prompt only",
-            ));
-        }
         if echo {
             return Err(
                 ApiError::invalid("'echo' is not supported with streaming").with("param", "echo")
             );
         }
-        let prompt = prompts.into_iter().next().unwrap_or_default();
-        let r = start(&st, prompt, &g).await?;
-        let shape = Shape::OaiCompletion {
-            id,
-            created,
-            model,
-            logprobs,
-            offset: 0,
-        };
-        return Ok(sse(st, r, shape));
+        let runs = start_streams(&st, prompts, &g, x).await?;
+        let runs = runs
+            .into_iter()
+            .enumerate()
+            .map(|(index, r)| {
+                let verbose = x.verbose.then(|| full_fn(&st, &g, index, &r, true));
+                let shape = Shape::OaiCompletion {
+                    index,
+                    slot: r.slot,
+                    id: id.clone(),
+                    created,
+                    model: model.clone(),
+                    logprobs,
+                    offset: 0,
+                    n_prompt: r.prompt.len(),
+                    n_decoded: 0,
+                    verbose,
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, runs, true));
     }
-    let results = run_all(&st, prompts, &g).await?;
+    let results = run_all(&st, prompts, &g, x).await?;
     let tok = st.model.tokenizer();
     let mut choices = Vec::new();
     let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
@@ -799,28 +1196,39 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
             "finish_reason": finish_reason(out.reason),
         }));
         n_prompt += out.n_prompt;
-        n_gen += out.tokens.len();
+        n_gen += out.n_decoded();
         n_cached += out.n_cached;
     }
-    let timings_of_first = results.first().map(|(o, _)| timings(o));
-    let speculative_of_first = results.first().map(|(o, _)| speculative(o));
-    Ok(Json(json!({
+    let mut v = json!({
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint(),
         "choices": choices,
+        // Summed over the prompts (llama-server reports the first prompt's only).
         "usage": {
             "prompt_tokens": n_prompt,
             "completion_tokens": n_gen,
             "total_tokens": n_prompt + n_gen,
             "prompt_tokens_details": {"cached_tokens": n_cached},
         },
-        "timings": timings_of_first,
-        "speculative": speculative_of_first,
-    }))
-    .into_response())
+    });
+    if let Some((out, _)) = results.first() {
+        add_timings(&mut v, out);
+    }
+    if x.verbose {
+        if let Some((out, r)) = results.first() {
+            v["__verbose"] = llama_full(&st, &g, 0, r.slot, &r.prompt, out, false);
+        }
+    }
+    Ok(Json(v).into_response())
+}
+
+/// The prompt of a chat request: its messages through the chat template, tokenized.
+fn chat_prompt(st: &AppState, f: &Fields) -> Result<Vec<u32>, ApiError> {
+    let text = render_chat(st, f)?;
+    tokenize_prompt(st, &text, true)
 }
 
 /// `POST /v1/chat/completions`: OpenAI's chat API.
@@ -831,8 +1239,8 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
     let g = parse_gen(&f, &st.cfg.defaults, Api::OaiChat)?;
-    let text = render_chat(&st, &f)?;
-    let prompt = tokenize_prompt(&st, &text, true)?;
+    let x = Extras::of(&st, &f, &g)?;
+    let prompt = chat_prompt(&st, &f)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {
         Some(o) => o.bool("include_usage")?.unwrap_or(false),
@@ -841,8 +1249,9 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
     let id = response_id("chatcmpl");
     let created = unix_now();
     let logprobs = g.logprobs.then_some(g.n_probs);
-    let r = start(&st, prompt, &g).await?;
+    let r = start(&st, prompt, &g, x).await?;
     if g.stream {
+        let verbose = x.verbose.then(|| full_fn(&st, &g, 0, &r, true));
         let shape = Shape::OaiChat {
             id,
             created,
@@ -850,15 +1259,16 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
             logprobs,
             include_usage,
             started: false,
+            verbose,
         };
-        return Ok(sse(st, r, shape));
+        return Ok(sse(st, vec![(r, shape)], true));
     }
-    let (out, _) = finish(r).await?;
+    let (out, r) = finish(r).await?;
     let lp = logprobs.map_or(
         Value::Null,
         |n| json!({"content": chat_logprobs(&st, &out.probs, n)}),
     );
-    Ok(Json(json!({
+    let mut v = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
@@ -871,8 +1281,22 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
             "finish_reason": finish_reason(out.reason),
         }],
         "usage": usage(&out),
-        "timings": timings(&out),
-        "speculative": speculative(&out),
-    }))
-    .into_response())
+    });
+    add_timings(&mut v, &out);
+    if x.verbose {
+        v["__verbose"] = llama_full(&st, &g, 0, r.slot, &r.prompt, &out, false);
+    }
+    Ok(Json(v).into_response())
+}
+
+/// `POST /v1/chat/completions/input_tokens`: the number of prompt tokens a chat request would
+/// have, without generating.
+pub async fn chat_input_tokens(
+    State(st): State<Arc<AppState>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    let prompt = chat_prompt(&st, &Fields::of(&body))?;
+    Ok(Json(
+        json!({"input_tokens": prompt.len(), "object": "response.input_tokens"}),
+    ))
 }

@@ -81,8 +81,10 @@ pub struct ServerConfig {
     pub kv_unified: bool,
     /// Draft model for `draft-simple`.
     pub draft_model: Option<Arc<Model>>,
-    /// Log each request.
+    /// Log each request; responses carry `__verbose` unless a request says `"verbose": false`.
     pub verbose: bool,
+    /// A final assistant message is continued, not answered (`--no-prefill-assistant`: off).
+    pub prefill_assistant: bool,
     /// Element types of the KV cache (K, V).
     pub kv_types: (KvType, KvType),
     /// `--slot-save-path`: the directory of slot save / restore files (none: disabled).
@@ -274,6 +276,14 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         ("/v1/completions", post(generate::oai_completion)),
         ("/chat/completions", post(generate::chat)),
         ("/v1/chat/completions", post(generate::chat)),
+        (
+            "/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        ),
+        (
+            "/v1/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        ),
         ("/slots/{id_slot}", post(slots::action)),
     ]
 }

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use specd_spec::SeqOutput;
+use specd_spec::{LiveTimings, PromptProgress, SeqOutput};
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 /// costs no decode step of its own. Generation time runs from the first token to the last and
 /// its rates are over the steps after the first token (`predicted_n - 1`). Times are whole
 /// microseconds, like llama-server's.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Timings {
     /// Prompt tokens reused from the slot's memory, and processed.
     pub cache_n: usize,
@@ -40,20 +40,37 @@ fn micros(secs: f64) -> u64 {
 }
 
 impl Timings {
+    /// The timings of a whole generation. A sampled end-of-generation token counts as
+    /// predicted, as in llama-server.
     pub fn of(out: &SeqOutput) -> Self {
-        let predicted_n = out.tokens.len();
+        Self::live(&out.timings())
+    }
+
+    /// The timings so far (`timings_per_token`), or of a whole generation.
+    pub fn live(t: &LiveTimings) -> Self {
+        let predicted_n = t.n_decoded;
         Timings {
-            cache_n: out.n_cached,
-            prompt_n: out.n_prompt.saturating_sub(out.n_cached),
-            prompt_us: micros(out.prompt_secs + out.first_token_secs),
+            cache_n: t.n_cached,
+            prompt_n: t.n_prompt.saturating_sub(t.n_cached),
+            prompt_us: micros(t.prompt_secs + t.first_token_secs),
             predicted_n,
             predicted_us: if predicted_n == 0 {
                 0
             } else {
-                micros(out.decode_secs).max(1)
+                micros(t.decode_secs).max(1)
             },
-            draft_n: out.stats.draft_tokens,
-            draft_n_accepted: out.stats.accepted_tokens,
+            draft_n: t.stats.draft_tokens,
+            draft_n_accepted: t.stats.accepted_tokens,
+        }
+    }
+
+    /// The timings of a prompt-progress report: the prompt so far, nothing predicted.
+    pub fn progress(p: &PromptProgress) -> Self {
+        Timings {
+            cache_n: p.cache,
+            prompt_n: p.processed.saturating_sub(p.cache),
+            prompt_us: micros(p.secs),
+            ..Default::default()
         }
     }
 

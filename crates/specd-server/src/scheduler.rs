@@ -14,7 +14,8 @@ use specd_memory::{KvType, MemoryConfig, MemoryUsage, SeqId};
 use specd_models::Model;
 use specd_spec::engine::TokenProbs;
 use specd_spec::{
-    Engine, RollbackKind, SeqOutput, SequenceRequest, SpecError, SpecStats, StepEvent,
+    Engine, FinishReason, LiveTimings, PromptProgress, RollbackKind, SeqOutput, SequenceRequest,
+    SpecError, SpecStats, StepEvent,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -33,6 +34,10 @@ pub struct Job {
     pub events: mpsc::UnboundedSender<Event>,
     /// The request's generation settings as shown by `/slots`.
     pub settings: Value,
+    /// Send [`Event::Progress`] while the prompt is processed (`return_progress`).
+    pub progress: bool,
+    /// Attach the timings so far to each [`Event::Chunk`] (`timings_per_token`).
+    pub timings: bool,
 }
 
 /// A saved slot: the tokens it kept and its memory as bytes.
@@ -83,12 +88,15 @@ enum Msg {
 pub enum Event {
     /// The job got a slot and its prompt will be processed at the next step.
     Started { slot: usize, id_task: u64 },
+    /// How far the prompt has been processed (jobs that asked for it).
+    Progress(PromptProgress),
     /// New tokens, their text (complete UTF-8, stop strings held back) and, when asked for,
-    /// their log-probabilities.
+    /// their log-probabilities and the timings so far.
     Chunk {
         tokens: Vec<u32>,
         text: String,
         probs: Vec<TokenProbs>,
+        timings: Option<Box<LiveTimings>>,
     },
     /// The generation ended.
     Done(Box<SeqOutput>),
@@ -261,6 +269,8 @@ impl Scheduler {
 
 struct Active {
     events: mpsc::UnboundedSender<Event>,
+    progress: bool,
+    timings: bool,
     /// Bytes of text and number of log-probabilities already sent.
     sent_text: usize,
     sent_probs: usize,
@@ -347,13 +357,26 @@ impl Worker {
             self.reap_cancelled();
             self.run_slot_tasks();
             self.admit();
-            if self.active.is_empty() {
+            if self.active.is_empty() || !self.outbox.is_empty() {
+                // New jobs hear they started before any progress of their prompt.
                 self.publish();
                 self.flush();
-                continue;
+                if self.active.is_empty() {
+                    continue;
+                }
             }
             let busy = self.active.len() as u64;
-            match catch_unwind(AssertUnwindSafe(|| self.engine().step())) {
+            self.engine(); // started again if it slept
+            let (Some(engine), active) = (self.engine.as_mut(), &self.active) else {
+                continue;
+            };
+            // Progress goes out at once, while the step still runs.
+            let mut progress = |p: PromptProgress| {
+                if let Some(a) = active.get(&(p.seq as usize)).filter(|a| a.progress) {
+                    let _ = a.events.send(Event::Progress(p));
+                }
+            };
+            match catch_unwind(AssertUnwindSafe(|| engine.step_with(&mut progress))) {
                 Ok(events) => {
                     self.totals.steps += 1;
                     self.totals.busy_slot_steps += busy;
@@ -570,6 +593,30 @@ impl Worker {
         if !job.cache_prompt {
             self.engine().forget(slot as SeqId);
         }
+        if job.req.prompt.is_empty() {
+            // llama-server answers an empty prompt at once, with nothing generated.
+            let id_task = self.next_task;
+            self.next_task += 1;
+            self.send(&job.events, Event::Started { slot, id_task });
+            let out = SeqOutput {
+                tokens: Vec::new(),
+                text: String::new(),
+                reason: FinishReason::Error,
+                stop_word: None,
+                n_prompt: 0,
+                n_cached: 0,
+                prompt_secs: 0.0,
+                gen_secs: 0.0,
+                first_token_secs: 0.0,
+                decode_secs: 0.0,
+                stats: SpecStats::default(),
+                probs: Vec::new(),
+                eog: None,
+            };
+            self.send(&job.events, Event::Done(Box::new(out)));
+            self.totals.requests_finished += 1;
+            return;
+        }
         let n_prompt = job.req.prompt.len();
         // The request's limit as it asked (the engine's n_predict is bounded by the context
         // when the request set none).
@@ -611,6 +658,8 @@ impl Worker {
             slot,
             Active {
                 events: job.events,
+                progress: job.progress,
+                timings: job.timings,
                 sent_text: 0,
                 sent_probs: 0,
                 want_probs,
@@ -663,12 +712,22 @@ impl Worker {
                 a.n_decoded += tokens.len();
                 a.has_new_line |= text.contains('\n');
                 let to = a.events.clone();
+                let timings = if a.timings {
+                    self.engine
+                        .as_ref()
+                        .and_then(|e| e.live_timings(seq))
+                        .or_else(|| outputs.get(&seq).map(|o| o.timings()))
+                        .map(Box::new)
+                } else {
+                    None
+                };
                 self.send(
                     &to,
                     Event::Chunk {
                         tokens,
                         text,
                         probs,
+                        timings,
                     },
                 );
                 let held = self
@@ -701,6 +760,7 @@ impl Worker {
                             tokens: Vec::new(),
                             text: tail,
                             probs: rest,
+                            timings: None,
                         },
                     );
                 }

@@ -112,6 +112,61 @@ pub struct SeqOutput {
     pub stats: SpecStats,
     /// Per generated token: its log-probability and the top `n_probs` (token, log-probability).
     pub probs: Vec<TokenProbs>,
+    /// The end-of-generation token that ended the sequence (reason [`FinishReason::Eos`]); it
+    /// was sampled but is not in `tokens`.
+    pub eog: Option<u32>,
+}
+
+impl SeqOutput {
+    /// Tokens sampled, the end-of-generation token included (what llama-server counts as
+    /// predicted).
+    pub fn n_decoded(&self) -> usize {
+        self.tokens.len() + usize::from(self.eog.is_some())
+    }
+    /// The timing counters of the whole generation.
+    pub fn timings(&self) -> LiveTimings {
+        LiveTimings {
+            n_prompt: self.n_prompt,
+            n_cached: self.n_cached,
+            prompt_secs: self.prompt_secs,
+            first_token_secs: self.first_token_secs,
+            decode_secs: self.decode_secs,
+            n_decoded: self.n_decoded(),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// How far a sequence's prompt has been processed (llama-server's `prompt_progress`), reported
+/// by [`Engine::step_with`]: when processing starts, after each chunk of the prompt batch, and
+/// when the last prompt token has been decoded with the first round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptProgress {
+    pub seq: SeqId,
+    /// Prompt tokens.
+    pub total: usize,
+    /// Prompt tokens taken from kept memory.
+    pub cache: usize,
+    /// Prompt tokens in memory so far (`cache` included).
+    pub processed: usize,
+    /// Seconds since processing started.
+    pub secs: f64,
+}
+
+/// Timing counters of a sequence: so far while it runs (reported with each streamed token), or
+/// of the whole generation ([`SeqOutput::timings`]).
+#[derive(Debug, Clone)]
+pub struct LiveTimings {
+    pub n_prompt: usize,
+    pub n_cached: usize,
+    pub prompt_secs: f64,
+    /// As in [`SeqOutput`]: the round that gave the first token, and the first to the latest
+    /// token.
+    pub first_token_secs: f64,
+    pub decode_secs: f64,
+    /// Tokens sampled so far.
+    pub n_decoded: usize,
+    pub stats: SpecStats,
 }
 
 /// Log-probabilities of one generated token.
@@ -145,6 +200,10 @@ struct GenSeq {
     probs: Vec<TokenProbs>,
     /// This round's draft came from the grammar, not the drafters (no drafter feedback).
     forced_round: bool,
+    /// When prompt processing started (progress reports).
+    prompt_start: Option<Instant>,
+    /// The end-of-generation token that ended the sequence.
+    eog: Option<u32>,
 }
 
 impl GenSeq {
@@ -292,6 +351,8 @@ impl Engine {
                 last_token: None,
                 probs: Vec::new(),
                 forced_round: false,
+                prompt_start: None,
+                eog: None,
             },
         );
         Ok(())
@@ -408,6 +469,13 @@ impl Engine {
 
     /// One round for every running sequence. Returns what happened, in sequence order.
     pub fn step(&mut self) -> Vec<StepEvent> {
+        self.step_with(&mut |_| {})
+    }
+
+    /// [`Engine::step`], telling `on_progress` how far each new sequence's prompt has got while
+    /// the step runs (at the start, after each chunk of the prompt batch but the one that
+    /// completes it, and after the first round has decoded the last prompt token).
+    pub fn step_with(&mut self, on_progress: &mut dyn FnMut(PromptProgress)) -> Vec<StepEvent> {
         let mut events = Vec::new();
         if self.seqs.is_empty() {
             return events;
@@ -421,22 +489,53 @@ impl Engine {
             .collect();
         if !new.is_empty() {
             let mut batch = Batch::new();
+            // Per new sequence: its rows in the batch, for progress reports.
+            let mut spans = Vec::with_capacity(new.len());
+            let t0 = Instant::now();
             for id in &new {
-                let s = &self.seqs[id];
+                let Some(s) = self.seqs.get_mut(id) else {
+                    continue;
+                };
+                s.prompt_start = Some(t0);
+                on_progress(PromptProgress {
+                    seq: *id,
+                    total: s.n_prompt,
+                    cache: s.n_cached,
+                    processed: s.n_cached,
+                    secs: 0.0,
+                });
+                let from = batch.len();
                 // Tokens reused from kept memory (prompt cache) are already there.
                 let prefill = s.tokens[..s.tokens.len() - 1].iter().enumerate();
                 for (i, &t) in prefill.skip(s.n_cached) {
                     batch.push(t, i as u32, *id, false);
                 }
+                spans.push((*id, from, batch.len(), s.n_cached, s.n_prompt));
             }
             // Drafters that read hidden states (MTP) mirror the prompt.
             batch.want_hidden = new.iter().any(|id| self.seqs[id].chain.wants_hidden());
-            let t0 = Instant::now();
+            let mut prev = 0;
+            let mut chunk_done = |done: usize| {
+                for &(seq, from, to, cache, total) in &spans {
+                    // Rows of this sequence in the chunk just decoded; the chunk that completes
+                    // the prefill is reported with the first round (the last prompt token).
+                    if from < done && prev < to && done < to {
+                        on_progress(PromptProgress {
+                            seq,
+                            total,
+                            cache,
+                            processed: cache + done - from,
+                            secs: t0.elapsed().as_secs_f64(),
+                        });
+                    }
+                }
+                prev = done;
+            };
             let res = if batch.is_empty() {
                 Ok(())
             } else {
                 self.model
-                    .decode(&mut self.mem, &batch)
+                    .decode_with(&mut self.mem, &batch, &mut chunk_done)
                     .map(|out| self.observe_rows(&batch, &out))
             };
             let secs = t0.elapsed().as_secs_f64();
@@ -639,6 +738,7 @@ impl Engine {
                 if plan.len() == 1 {
                     self.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
                 }
+                self.report_prompt_done(&plan, on_progress);
                 o
             }
             Err(_) => {
@@ -652,7 +752,10 @@ impl Engine {
                     let mut b = Batch::from_tokens(&rows, p as u32, pl.id, true);
                     b.want_hidden = batch.want_hidden;
                     match self.model.decode(&mut self.mem, &b) {
-                        Ok(o) => outs.push((pl, o)),
+                        Ok(o) => {
+                            self.report_prompt_done(std::slice::from_ref(&pl), on_progress);
+                            outs.push((pl, o))
+                        }
                         Err(e) => self.fail(pl.id, e.to_string(), &mut events),
                     }
                 }
@@ -672,6 +775,25 @@ impl Engine {
             self.accept(&pl, &logits, hidden, &mut events);
         }
         events
+    }
+
+    /// Reports the prompt of each planned sequence in its first round as fully processed: the
+    /// round's batch fed its last prompt token.
+    fn report_prompt_done(&self, plan: &[Planned], on_progress: &mut dyn FnMut(PromptProgress)) {
+        for pl in plan {
+            let Some(s) = self.seqs.get(&pl.id) else {
+                continue;
+            };
+            if s.stats.rounds == 0 && s.generated.is_empty() {
+                on_progress(PromptProgress {
+                    seq: pl.id,
+                    total: s.n_prompt,
+                    cache: s.n_cached,
+                    processed: s.n_prompt,
+                    secs: s.prompt_start.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                });
+            }
+        }
     }
 
     /// Walks the verified rows of one sequence with its sampler, keeps the accepted prefix of
@@ -788,6 +910,7 @@ impl Engine {
         for &t in &new_tokens {
             if !s.req.ignore_eos && tok.is_eog(t) {
                 s.tokens.push(t);
+                s.eog = Some(t);
                 finish = Some((FinishReason::Eos, None));
                 break;
             }
@@ -851,10 +974,6 @@ impl Engine {
         if let Some(s) = self.seqs.remove(&id) {
             self.retire_memory(id, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
-            let between = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-                (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
-                _ => 0.0,
-            };
             let output = SeqOutput {
                 text: String::from_utf8_lossy(&s.text).into_owned(),
                 tokens: s.generated,
@@ -868,6 +987,7 @@ impl Engine {
                 decode_secs: between(s.first_token, s.last_token),
                 stats: s.stats,
                 probs: s.probs,
+                eog: s.eog,
             };
             events.push(StepEvent::Finished {
                 seq: id,
@@ -965,6 +1085,19 @@ impl Engine {
         }
         self.cached.remove(&seq);
         self.mem.clear(seq);
+    }
+
+    /// Timing counters of a running sequence so far.
+    pub fn live_timings(&self, seq: SeqId) -> Option<LiveTimings> {
+        self.seqs.get(&seq).map(|s| LiveTimings {
+            n_prompt: s.n_prompt,
+            n_cached: s.n_cached,
+            prompt_secs: s.prompt_secs,
+            first_token_secs: between(s.gen_start, s.first_token),
+            decode_secs: between(s.first_token, s.last_token),
+            n_decoded: s.generated.len() + usize::from(s.eog.is_some()),
+            stats: s.stats.clone(),
+        })
     }
 
     /// Log-probabilities of the tokens a running sequence has emitted so far (requests with
@@ -1069,6 +1202,14 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// Seconds from `a` to `b` (0 unless both happened).
+fn between(a: Option<Instant>, b: Option<Instant>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f64(),
+        _ => 0.0,
     }
 }
 

@@ -22,7 +22,9 @@ pub mod params;
 pub mod rollback;
 pub mod stats;
 
-pub use engine::{Engine, FinishReason, SeqOutput, SequenceRequest, StepEvent};
+pub use engine::{
+    Engine, FinishReason, LiveTimings, PromptProgress, SeqOutput, SequenceRequest, StepEvent,
+};
 pub use params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
 pub use stats::SpecStats;
 

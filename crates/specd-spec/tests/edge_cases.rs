@@ -258,3 +258,36 @@ fn no_leaks_after_thousands_of_rounds() {
         );
     }
 }
+
+/// Prompt progress: two new sequences share one prefill batch processed in chunks of n_ubatch
+/// (64) rows; each hears its start, every chunk that left it unfinished, and the first round
+/// that fed its last prompt token — before its first token.
+#[test]
+fn prompt_progress_per_chunk() {
+    use specd_spec::PromptProgress;
+    let mut e = Engine::new(model(), cfg(512, 2), RollbackKind::Fast);
+    let p0: Vec<u32> = (0..100u32).map(|i| (i * 7 + 3) % 400).collect();
+    let p1: Vec<u32> = (0..50u32).map(|i| (i * 11 + 1) % 400).collect();
+    e.add(0, SequenceRequest::greedy(p0, 4)).unwrap();
+    e.add(1, SequenceRequest::greedy(p1, 4)).unwrap();
+    let mut seen: Vec<PromptProgress> = Vec::new();
+    let events = e.step_with(&mut |p| seen.push(p));
+    let of = |s: u32| -> Vec<usize> {
+        seen.iter()
+            .filter(|p| p.seq == s)
+            .map(|p| p.processed)
+            .collect()
+    };
+    // Batch rows: seq 0's 99 prefill rows, then seq 1's 49; chunks end at 64 and 128 (and 148).
+    assert_eq!(of(0), vec![0, 64, 100]);
+    assert_eq!(of(1), vec![0, 128 - 99, 50]);
+    assert!(seen.iter().all(|p| p.cache == 0 && p.secs >= 0.0));
+    assert!(seen.iter().filter(|p| p.seq == 0).all(|p| p.total == 100));
+    assert!(events
+        .iter()
+        .any(|ev| matches!(ev, StepEvent::Tokens { seq: 0, .. })));
+    // Later steps report nothing.
+    let mut later = 0;
+    e.step_with(&mut |_| later += 1);
+    assert_eq!(later, 0);
+}

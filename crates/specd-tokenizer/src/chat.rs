@@ -30,15 +30,21 @@ impl ChatMessage {
         }
     }
 
-    /// The text of the content: the string, or the text parts joined.
+    /// The text of the content: the string, or the text parts joined by a newline (as
+    /// llama.cpp hands parts to templates that take string content).
     pub fn content_text(&self) -> String {
+        self.content_joined("\n")
+    }
+
+    /// The text of the content, text parts joined by `sep`.
+    pub fn content_joined(&self, sep: &str) -> String {
         match &self.content {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Array(parts) => parts
                 .iter()
                 .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
                 .collect::<Vec<_>>()
-                .join(""),
+                .join(sep),
             serde_json::Value::Null => String::new(),
             other => other.to_string(),
         }
@@ -71,6 +77,15 @@ impl ChatMessage {
             )),
         }
     }
+}
+
+/// Which part of a final message a continuation extends (vLLM's `continue_final_message`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// The content (after any reasoning, closed).
+    Content,
+    /// The reasoning, left open.
+    Reasoning,
 }
 
 /// A compiled chat template.
@@ -147,5 +162,71 @@ impl ChatTemplate {
             .or_insert_with(|| self.eos.clone().into());
         let t = self.env.get_template("chat")?;
         Ok(t.render(Value::from_serialize(&ctx))?)
+    }
+
+    /// Renders `messages` so that generation continues the last one instead of answering it
+    /// (assistant prefill): the earlier messages, the assistant turn's opening as the generation
+    /// prompt writes it, then the last message's text, left open. Where the template writes
+    /// reasoning in assistant turns, the turn is laid out as the template lays out reasoning and
+    /// content (reasoning closed before content, or left open for [`Continuation::Reasoning`]).
+    /// Text parts of the continued message are joined by a blank line.
+    pub fn render_continuation(
+        &self,
+        messages: &[ChatMessage],
+        part: Continuation,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        let Some((last, head)) = messages.split_last() else {
+            return self.render(&[], false, extra);
+        };
+        last.validate()?;
+        let base = self.render(head, false, extra)?;
+        let with_prompt = self.render(head, true, extra)?;
+        let same = base
+            .char_indices()
+            .zip(with_prompt.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(base.len().min(with_prompt.len()), |((i, _), _)| i);
+        let generation_prompt = &with_prompt[same..];
+        let content = last.content_joined("\n\n");
+        let reasoning = last
+            .extra
+            .get("reasoning_content")
+            .and_then(|r| r.as_str())
+            .unwrap_or("");
+        // How the template writes an assistant turn that has reasoning: render one with marker
+        // texts and read what comes before the reasoning and between reasoning and content.
+        const R: &str = "\u{1}specd-reasoning\u{1}";
+        const C: &str = "\u{1}specd-content\u{1}";
+        let mut probe = ChatMessage::new("assistant", C);
+        probe.extra.insert("reasoning_content".into(), R.into());
+        let mut with_probe = head.to_vec();
+        with_probe.push(probe);
+        let layout = self
+            .render(&with_probe, false, extra)
+            .ok()
+            .and_then(|full| {
+                let turn = full.strip_prefix(base.as_str())?;
+                let (r, c) = (turn.find(R)?, turn.find(C)?);
+                (r < c).then(|| (turn[..r].to_string(), turn[r + R.len()..c].to_string()))
+            });
+        let mut out = base.clone();
+        match (layout, part) {
+            (Some((before, between)), part) => {
+                out.push_str(&before);
+                out.push_str(reasoning);
+                if part == Continuation::Content {
+                    out.push_str(&between);
+                    out.push_str(&content);
+                }
+            }
+            (None, Continuation::Content) => {
+                out.push_str(generation_prompt);
+                out.push_str(&content);
+            }
+            // A template without reasoning has no reasoning to continue.
+            (None, Continuation::Reasoning) => out.push_str(generation_prompt),
+        }
+        Ok(out)
     }
 }

@@ -15,7 +15,7 @@ pub mod templates;
 mod tokenizer;
 mod train;
 
-pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, Continuation, CHATML_TEMPLATE};
 pub use tokenizer::{TokenType, Tokenizer, TokenizerSpec};
 pub use train::{pad_vocab, train_bpe, TrainedVocab};
 

@@ -176,7 +176,7 @@ fn chat_template_renders_chatml_and_python_methods() {
         r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#,
     )
     .unwrap();
-    assert_eq!(parts.content_text(), "ab");
+    assert_eq!(parts.content_text(), "a\nb");
     let image: ChatMessage = serde_json::from_str(
         r#"{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}"#,
     )

@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// Log every request.
     #[arg(short = 'v', long = "verbose", alias = "log-verbose")]
     pub verbose: bool,
+    /// Continue a final assistant message instead of answering it (default).
+    #[arg(long = "prefill-assistant", overrides_with = "no_prefill_assistant")]
+    pub prefill_assistant: bool,
+    #[arg(long = "no-prefill-assistant")]
+    pub no_prefill_assistant: bool,
     /// Shift the context when it fills (not possible with recurrent state: refused).
     #[arg(long = "context-shift", overrides_with = "no_context_shift")]
     pub context_shift: bool,

@@ -463,7 +463,7 @@ static OPTIONS: &[Opt] = &[
     opt(&["--skip-chat-parsing"], Switch, Ignore(REASONING))
         .neg(&["--no-skip-chat-parsing"])
         .env("LLAMA_ARG_SKIP_CHAT_PARSING"),
-    opt(&["--prefill-assistant"], Switch, Ignore(TEMPLATE))
+    opt(&["--prefill-assistant"], Switch, Take)
         .neg(&["--no-prefill-assistant"])
         .env("LLAMA_ARG_PREFILL_ASSISTANT"),
     opt(

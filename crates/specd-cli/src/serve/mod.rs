@@ -274,6 +274,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         kv_unified,
         draft_model,
         verbose: a.verbose,
+        prefill_assistant: !a.no_prefill_assistant,
         kv_types: a.model.kv_types(),
         sleep_idle: u64::try_from(a.sleep_idle_seconds)
             .ok()
