@@ -116,10 +116,12 @@ pub struct SpecArgs {
     pub n_max: usize,
     #[arg(long = "spec-draft-n-min", alias = "draft-min", default_value_t = 0)]
     pub n_min: usize,
+    /// A model drafter stops drafting where its top probability falls below this (llama-server's
+    /// default: 0, the controller alone decides how much to draft).
     #[arg(
         long = "spec-draft-p-min",
         alias = "draft-p-min",
-        default_value_t = 0.75
+        default_value_t = 0.0
     )]
     pub p_min: f32,
     /// Draft model for draft-simple.
