@@ -16,7 +16,9 @@
    drafter drafts the true continuation corrupted so position i is accepted with probability P_i
    (its output stays the plain output);
    llama.cpp's flips a coin per drafted token. specd runs with `--spec-rollback fast` (default)
-   and `checkpoint` (llama.cpp's way), to measure the rollback itself.
+   and `checkpoint` (llama.cpp's way), to measure the rollback itself, and with `--spec-adaptive`:
+   its never-slower controller picks the draft lengths (synthetic acceptance alone drafts n-max
+   every round, as llama.cpp does).
 
 Usage: python3 scripts/bench_vs_llamacpp.py -m MODEL.gguf [-t 2] [--n-gen 128]
        [--rates 0,0.25,0.5,0.75,0.9,1] [--lens 4,8,16] [--json out.json]
@@ -111,8 +113,8 @@ def main():
 
     base = ["-m", a.model, "-t", str(a.threads), "-c", "2048", "-np", "1", "--no-warmup"]
     engines = {"llama.cpp": ([f"{a.llama_bin}/llama-server"], []),
-               "specd fast": ([a.specd, "serve"], ["--spec-rollback", "fast"]),
-               "specd checkpoint": ([a.specd, "serve"], ["--spec-rollback", "checkpoint"])}
+               "specd fast": ([a.specd, "serve"], ["--spec-rollback", "fast", "--spec-adaptive"]),
+               "specd checkpoint": ([a.specd, "serve"], ["--spec-rollback", "checkpoint", "--spec-adaptive"])}
     # llama.cpp's plain server stays up for the whole run; each row starts its speculative
     # servers and then sends requests round-robin — per engine a plain and a speculative request
     # — `reps` times. Every speedup is the median over rounds of (speculative / plain of the same

@@ -116,10 +116,12 @@ pub struct SpecArgs {
     pub n_max: usize,
     #[arg(long = "spec-draft-n-min", alias = "draft-min", default_value_t = 0)]
     pub n_min: usize,
+    /// A model drafter stops drafting where its top probability falls below this (llama-server's
+    /// default: 0, the controller alone decides how much to draft).
     #[arg(
         long = "spec-draft-p-min",
         alias = "draft-p-min",
-        default_value_t = 0.75
+        default_value_t = 0.0
     )]
     pub p_min: f32,
     /// Draft model for draft-simple.
@@ -129,14 +131,20 @@ pub struct SpecArgs {
     #[arg(long = "spec-rollback", default_value = "fast")]
     pub rollback: String,
     /// Synthetic drafter: unconditional per-position acceptance probabilities P0,P1,...
+    /// Drafts are then n-max long, as llama-server's, unless --spec-adaptive.
     #[arg(long = "spec-synth-rates")]
     pub synth_rates: Option<String>,
     /// Synthetic drafter: target mean acceptance length, including the target's token.
     #[arg(long = "spec-synth-len")]
     pub synth_len: Option<f32>,
     /// Always draft n-max (no never-slower controller).
-    #[arg(long = "spec-fixed")]
+    #[arg(long = "spec-fixed", overrides_with = "adaptive")]
     pub fixed: bool,
+    /// Keep the never-slower controller with synthetic acceptance (--spec-synth-*), which
+    /// otherwise drafts n-max tokens every round like llama-server, so that a seeded request
+    /// repeats its draft counts: the controller's lengths follow measured timings.
+    #[arg(long = "spec-adaptive", overrides_with = "fixed")]
+    pub adaptive: bool,
     /// Draft verification: exact (output identical to plain decoding) or probabilistic
     /// (rejection sampling for draft-simple / draft-mtp: same output distribution, not the same
     /// tokens).
@@ -147,9 +155,8 @@ pub struct SpecArgs {
 impl SpecArgs {
     pub fn params(&self) -> Result<SpecParams> {
         let mut drafters = DrafterKind::parse_list(&self.spec_type).map_err(anyhow::Error::msg)?;
-        if (self.synth_rates.is_some() || self.synth_len.is_some())
-            && !drafters.contains(&DrafterKind::Synthetic)
-        {
+        let synth = self.synth_rates.is_some() || self.synth_len.is_some();
+        if synth && !drafters.contains(&DrafterKind::Synthetic) {
             drafters.insert(0, DrafterKind::Synthetic);
         }
         let mut p = SpecParams {
@@ -157,7 +164,10 @@ impl SpecArgs {
             n_max: self.n_max,
             n_min: self.n_min,
             p_min: self.p_min,
-            adaptive: !self.fixed,
+            // llama-server's synthetic acceptance is a benchmark of the pipeline at fixed draft
+            // lengths, and its tests expect two identical seeded requests to draft and accept
+            // the same counts; the controller's choices follow timings.
+            adaptive: !self.fixed && (!synth || self.adaptive),
             synth_len: self.synth_len,
             verify: VerifyKind::parse(&self.verify).with_context(|| {
                 format!(

@@ -32,6 +32,13 @@
 //! one-token probe is made after a growing number of skipped rounds so that a change in the text
 //! is noticed, and never once even perfect acceptance could not beat plain decoding at the
 //! measured costs.
+//!
+//! A sequence's **first** decision is to draft: its first plan of a model drafter, or the first
+//! draft of a cheap one, verifies at least `max(n_min, 1)` tokens whatever the estimates say
+//! (as does every probe: a probe that is not verified measures nothing). A user who configured
+//! a drafter sees it used on every request (`draft_n > 0`, as llama-server reports), the
+//! estimates start from evidence instead of the prior, and the never-slower policy decides from
+//! the second round on: a drafter that does not pay has cost one verification.
 
 /// Measured cost of verification batches by width (rows), shared by every sequence, and of the
 /// checkpoint-and-replay rollback where a draft needs it.
@@ -396,6 +403,12 @@ pub struct Controller {
     /// EMA of a catch-up's seconds per missed round (from catch-ups over at least
     /// [`MIN_MISSED`] rounds), to price the next probe before making it.
     catch_up_per_round: Option<f64>,
+    /// No decision made yet: no draft verified, no model drafter planned for. The next
+    /// decision drafts.
+    first: bool,
+    /// The last [`Controller::plan`] was a probe (or the first decision): its draft is verified
+    /// whatever the estimates say — a probe that is not verified measures nothing.
+    probing: bool,
 }
 
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
@@ -448,6 +461,8 @@ impl Controller {
             skipped_secs: 0.0,
             missed: 0,
             catch_up_per_round: None,
+            first: true,
+            probing: false,
         }
     }
     /// Records that a model drafter took `secs` for a round that produced `tokens` drafts. A
@@ -479,6 +494,8 @@ impl Controller {
     }
     /// Updates the estimates after a verified draft of `drafted` tokens with `accepted` matches.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        self.first = false;
+        self.probing = false;
         for i in 0..drafted.min(self.accept.len()) {
             self.update(i, i < accepted);
             if i >= accepted {
@@ -536,25 +553,43 @@ impl Controller {
         e
     }
     /// The draft length in `{0} ∪ [n_min, available]` with the best expected tokens per second,
-    /// for a draft that is already made (its cost is spent, only verification counts).
+    /// for a draft that is already made (its cost is spent, only verification counts). The
+    /// sequence's first decision, and a model drafter's probe (see [`Controller::plan`]),
+    /// verify at least `max(n_min, 1)` tokens (none when fewer are available: a draft shorter
+    /// than `n_min` is never used).
     pub fn choose(&self, available: usize, n_min: usize, cost: &CostModel) -> usize {
-        self.best(available, n_min, cost, 0.0, |i| self.estimate(i))
+        let n = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
+        if (self.first || self.probing) && available >= n_min.max(1) {
+            return n.max(n_min.max(1));
+        }
+        n
     }
     /// For a model drafter, before drafting: how many tokens to ask for (0: skip the drafter this
     /// round), counting the measured drafting time. Mostly [`Controller::choose`] with that cost;
     /// while it says zero, a one-token probe after [`PROBE_FIRST`], then twice as many, … skipped
     /// rounds keeps the acceptance estimate current — unless drafting could not pay even if
-    /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`].
+    /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`]. The
+    /// sequence's first plan asks for at least `max(n_min, 1)` tokens.
     pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
         let d = self.draft_secs.unwrap_or(0.0);
         let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
+        self.probing = false;
+        // A draft shorter than n_min is never used: no probe asks for one (near the end of a
+        // request fewer tokens may be left).
+        let probe = n_min.max(1);
+        if self.first && n == 0 && available >= probe {
+            self.first = false;
+            self.probing = true;
+            return probe;
+        }
         if n > 0 {
+            self.first = false;
             self.skipped = 0;
             self.probe_after = PROBE_FIRST;
             return n;
         }
         self.drafter_in_sync = false;
-        if available == 0 || self.best(available, n_min, cost, d, |_| 1.0) == 0 {
+        if available < probe || self.best(available, n_min, cost, d, |_| 1.0) == 0 {
             return 0;
         }
         self.skipped += 1;
@@ -572,7 +607,8 @@ impl Controller {
         }
         self.skipped = 0;
         self.probe_after = (self.probe_after * 2).min(PROBE_MAX);
-        n_min.max(1).min(available)
+        self.probing = true;
+        probe
     }
     /// Argmax over n of expected tokens / time, with per-position acceptance `acc(i)` and
     /// `draft_secs` per drafted token.
@@ -628,6 +664,15 @@ mod tests {
         /// As if every kind of cost had had its cold first sample dropped already.
         fn warmed(mut self) -> Self {
             self.warm.fill(true);
+            self
+        }
+    }
+
+    impl Controller {
+        /// As if the sequence's first decision (always to draft) were made: what is left is the
+        /// pricing.
+        fn decided(mut self) -> Self {
+            self.first = false;
             self
         }
     }
@@ -728,7 +773,7 @@ mod tests {
         cost.observe(2, 0.200);
         assert!((cost.cost(2) - 0.040).abs() < 1e-12);
         cost.observe_checkpoint(0.004);
-        let mut c = Controller::new(4);
+        let mut c = Controller::new(4).decided();
         for _ in 0..20 {
             c.shadow = Some((0, 1));
             c.resolve_shadow(0, 1);
@@ -865,8 +910,64 @@ mod tests {
     fn expensive_verification_discourages_drafting() {
         // Each extra row costs a full step: speculation cannot pay at 50% acceptance.
         let cost = linear_cost(9, 0.040, 1.0);
-        let c = Controller::new(8);
+        let c = Controller::new(8).decided();
         assert_eq!(c.choose(8, 0, &cost), 0);
+    }
+
+    #[test]
+    fn the_first_decision_drafts() {
+        // Verification costs a full step per row: the estimates alone would never draft.
+        let cost = linear_cost(9, 0.040, 1.0);
+        // A cheap drafter's first draft is verified, at least n_min long…
+        let mut c = Controller::new(8);
+        assert_eq!(c.choose(8, 0, &cost), 1);
+        assert_eq!(c.choose(8, 4, &cost), 4);
+        // …but never shorter than n_min: a draft of 3 is dropped, the next one counts.
+        assert_eq!(c.choose(3, 4, &cost), 0);
+        c.observe(4, 0);
+        assert_eq!(c.choose(8, 4, &cost), 0, "then the estimates decide");
+        // A model drafter is asked for n_min tokens at its first plan, and that draft is
+        // verified; the second plan is priced.
+        let mut c = Controller::new(8);
+        assert_eq!(c.plan(8, 4, &cost), 4);
+        assert_eq!(c.choose(4, 4, &cost), 4);
+        c.observe_draft_time(0.001, 4);
+        c.observe(4, 0);
+        assert_eq!(c.plan(8, 4, &cost), 0);
+        // A first plan whose draft came back short (p-min) is not repeated every round.
+        let mut c = Controller::new(8);
+        assert_eq!(c.plan(8, 4, &cost), 4);
+        assert_eq!(c.choose(2, 4, &cost), 0);
+        assert_eq!(c.plan(8, 4, &cost), 0);
+        // Near the end of a request, with fewer than n_min tokens left, nothing is asked.
+        let mut c = Controller::new(8);
+        assert_eq!(c.plan(3, 4, &cost), 0);
+        assert_eq!(c.plan(1, 0, &cost), 1);
+    }
+
+    #[test]
+    fn a_probe_is_verified() {
+        // After misses a model drafter is skipped; its probe's one-token draft is verified (a
+        // probe that is thrown away measures nothing), the rounds in between are not.
+        let cost = linear_cost(9, 0.010, 0.1);
+        let mut c = Controller::new(8);
+        c.observe_draft_time(0.001, 1);
+        c.observe_draft_time(0.001, 1);
+        for _ in 0..30 {
+            c.observe(4, 0);
+        }
+        let mut probes = 0;
+        for _ in 0..64 {
+            let n = c.plan(8, 0, &cost);
+            if n == 0 {
+                continue;
+            }
+            probes += 1;
+            assert_eq!(c.choose(n, 0, &cost), 1);
+            c.observe(1, 0);
+            assert_eq!(c.choose(1, 0, &cost), 0, "only the probe's round");
+        }
+        assert!(probes >= 2, "{probes} probes");
     }
 
     #[test]

@@ -133,7 +133,8 @@ pub struct SpecParams {
     pub n_max: usize,
     /// Fewest tokens a draft must have to be verified (shorter drafts are dropped).
     pub n_min: usize,
-    /// Draft-model drafting stops when its top probability falls below this.
+    /// Draft-model drafting stops when its top probability falls below this (0 by default, as
+    /// in llama-server: the controller decides how much to draft).
     pub p_min: f32,
     /// Let the controller choose the draft length (up to `n_max`, zero included). Off = always
     /// draft `n_max` when the drafter can.
@@ -157,7 +158,7 @@ impl Default for SpecParams {
             drafters: Vec::new(),
             n_max: 16,
             n_min: 0,
-            p_min: 0.75,
+            p_min: 0.0,
             adaptive: true,
             synth_rates: Vec::new(),
             synth_len: None,

@@ -212,6 +212,7 @@ proptest! {
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
+        n_min in 0usize..4,
         adaptive in any::<bool>(),
         grammar in 0usize..4,
         f16_cache in any::<bool>(),
@@ -238,6 +239,8 @@ proptest! {
         let name = DRAFTERS[drafter];
         let mut spec = spec_for(name, n_max);
         spec.adaptive = adaptive;
+        // Drafts shorter than n_min are dropped; the controller's first decision drafts n_min.
+        spec.n_min = n_min.min(n_max);
         let reqs: Vec<SequenceRequest> = base
             .into_iter()
             .zip(&plain)
