@@ -89,7 +89,8 @@ fn a_draft_model_drafts_on_the_first_request() {
     assert!(timing(&v, "draft_n") >= 4, "{v}");
     assert!(timing(&v, "draft_n_accepted") <= timing(&v, "draft_n"));
     let p = s.ok("/completion", &plain(&body));
-    assert_eq!(timing(&p, "draft_n"), 0);
+    // No draft verified: no draft counters, as llama-server.
+    assert!(p["timings"].get("draft_n").is_none(), "{p}");
     assert_eq!(tokens(&v), tokens(&p));
     // Every request starts with a draft, not only the server's first.
     let again = s.ok("/completion", &body);
