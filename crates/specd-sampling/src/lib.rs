@@ -15,8 +15,9 @@
 //! An optional [`Grammar`] (llguidance: GBNF, Lark, JSON schema, regex) masks
 //! the logits before the chain and rolls back with the history.
 //!
-//! The chain mirrors llama.cpp's default order: penalties → top-k → typical
-//! → top-p → min-p → temperature → draw.
+//! The chain mirrors llama.cpp's default order: logit bias
+//! ([`Sampler::with_logit_bias`]) → penalties → top-k → typical → top-p →
+//! min-p → temperature → draw.
 //!
 //! ```
 //! use specd_sampling::{Sampler, SamplerParams};
