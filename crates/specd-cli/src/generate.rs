@@ -318,7 +318,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         reference: None,
         draft_model: None,
         n_probs: a.n_probs,
+        post_sampling_probs: false,
         grammar: a.grammar.spec()?,
+        logit_bias: Vec::new(),
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use crate::chain::{argmax, clean, desc, filter, penalize, softmax, Cand, Work};
+use crate::chain::{argmax, clean, desc, filter, max_of_slice, penalize, softmax, Cand, Work};
 use crate::grammar::Grammar;
 use crate::history::History;
 use crate::params::{SamplerParams, SamplingError};
@@ -71,9 +71,9 @@ impl Sampler {
 
     /// Adds `bias` to the logit of `token` for every `(token, bias)` pair, before penalties,
     /// filters and the grammar mask (llama.cpp's logit-bias sampler opens its chain). Pairs apply
-    /// in order, so a token listed twice gets both biases; `-inf` bans a token. Tokens outside
-    /// the vocabulary of the logits are ignored. A NaN bias is an error: it would make the
-    /// token's rank meaningless.
+    /// in order, so a token listed twice gets both biases; `-inf` bans a token (unless it bans
+    /// every token a grammar allows: the grammar wins). Tokens outside the vocabulary of the
+    /// logits are ignored. A NaN bias is an error: it would make the token's rank meaningless.
     pub fn with_logit_bias(mut self, bias: &[(u32, f32)]) -> Result<Self, SamplingError> {
         if let Some(&(_, b)) = bias.iter().find(|(_, b)| b.is_nan()) {
             return Err(SamplingError::InvalidParam {
@@ -252,21 +252,31 @@ impl Sampler {
         if !applies && self.grammar.is_none() && self.logit_bias.is_empty() {
             return logits;
         }
-        buf.clear();
-        buf.extend_from_slice(logits);
-        for &(t, b) in &self.logit_bias {
-            // Ids past this vocabulary (a drafter's smaller one, a caller's mistake) have no logit.
-            if let Some(l) = buf.get_mut(t as usize) {
-                *l += b;
-            }
-        }
-        if let Some(g) = &self.grammar {
-            let mask = g.borrow_mut().mask();
-            for (i, l) in buf.iter_mut().enumerate() {
-                if !mask.is_allowed(i as u32) {
-                    *l = f32::NEG_INFINITY;
+        let mask = self.grammar.as_ref().map(|g| g.borrow_mut().mask());
+        let fill = |buf: &mut Vec<f32>, bias: &[(u32, f32)]| {
+            buf.clear();
+            buf.extend_from_slice(logits);
+            for &(t, b) in bias {
+                // Ids past this vocabulary (a drafter's smaller one, a caller's mistake) have no
+                // logit.
+                if let Some(l) = buf.get_mut(t as usize) {
+                    *l += b;
                 }
             }
+            if let Some(mask) = &mask {
+                for (i, l) in buf.iter_mut().enumerate() {
+                    if !mask.is_allowed(i as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        };
+        fill(buf, &self.logit_bias);
+        if mask.is_some() && !self.logit_bias.is_empty() && max_of_slice(buf) == f32::NEG_INFINITY {
+            // The biases banned every token the grammar allows (a complete grammar allows only
+            // EOS, which `ignore_eos` bans): the grammar is the hard constraint, so its choice
+            // stands, unbiased.
+            fill(buf, &[]);
         }
         for (&t, &c) in counts {
             // Tokens outside this vocabulary (e.g. from a mismatched prompt)
