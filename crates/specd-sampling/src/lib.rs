@@ -46,7 +46,7 @@ mod sampler;
 
 pub use gbnf::gbnf_to_lark;
 pub use grammar::{Grammar, GrammarSpec, GrammarVocab};
-pub use logprobs::top_logprobs;
+pub use logprobs::{token_logprob, top_logprobs};
 pub use params::{SamplerParams, SamplingError, RANDOM_SEED};
 pub use rejection::Verdict;
 pub use rng::{draw, position_uniform};

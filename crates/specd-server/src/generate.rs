@@ -2,7 +2,7 @@
 //! `/v1/chat/completions`, streaming (SSE) or not.
 
 use crate::error::{ApiError, JsonBody};
-use crate::params::{parse_gen, Api, Fields, GenParams};
+use crate::params::{parse_gen, parse_logit_bias, parse_n_cmpl, Api, Fields, GenParams};
 use crate::scheduler::{Event, Job};
 use crate::AppState;
 use axum::extract::State;
@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
-use specd_sampling::{GrammarSpec, SamplerParams};
-use specd_spec::engine::TokenProbs;
+use specd_sampling::{GrammarSpec, SamplerParams, RANDOM_SEED};
+use specd_spec::engine::{logit_bias_with_eog, TokenProbs};
 use specd_spec::{DrafterKind, FinishReason, SeqOutput, SequenceRequest, SpecParams};
 use specd_tokenizer::ChatMessage;
 use std::convert::Infallible;
@@ -83,7 +83,41 @@ fn settings_of(st: &AppState, g: &GenParams) -> Value {
         };
         o.insert(k.into(), val);
     }
+    v["post_sampling_probs"] = json!(g.post_sampling_probs);
     v
+}
+
+/// A request's generation parameters, with the fields that need the server: `logit_bias`
+/// (texts are tokenized) and `n_cmpl` / `n` (at most one completion per slot).
+fn gen_params(st: &AppState, f: &Fields, api: Api) -> Result<GenParams, ApiError> {
+    let mut g = parse_gen(f, &st.cfg.defaults, api)?;
+    let tok = st.model.tokenizer();
+    g.logit_bias = parse_logit_bias(f, st.model.config().n_vocab, |text| {
+        tok.encode(text, false, false)
+            .map_err(|e| ApiError::invalid(format!("logit_bias: {e}")).with("param", "logit_bias"))
+    })?;
+    g.n_cmpl = parse_n_cmpl(f, st.cfg.n_parallel)?;
+    Ok(g)
+}
+
+/// The generations a request asks for: `n_cmpl` per prompt, prompt after prompt (llama-server's
+/// order, which numbers the results). A prompt's extra completions sample with seed + 1, + 2, …
+/// (a random seed stays random: each draws its own) and take any free slot, as llama-server's.
+fn tasks(prompts: Vec<Vec<u32>>, g: &GenParams) -> Vec<(Vec<u32>, GenParams)> {
+    let mut out = Vec::with_capacity(prompts.len() * g.n_cmpl);
+    for p in prompts {
+        for j in 0..g.n_cmpl {
+            let mut gj = g.clone();
+            if j > 0 {
+                if gj.sampler.seed != RANDOM_SEED {
+                    gj.sampler.seed = gj.sampler.seed.wrapping_add(j as u32);
+                }
+                gj.id_slot = None;
+            }
+            out.push((p.clone(), gj));
+        }
+    }
+    out
 }
 
 /// Applies the chat template to a request's `messages` (with `tools` and
@@ -198,11 +232,9 @@ fn prepare(st: &AppState, prompt: Vec<u32>, g: &GenParams) -> Result<SequenceReq
     r.ignore_eos = g.ignore_eos;
     r.stop = g.stop.clone();
     r.spec = g.spec.clone();
-    r.n_probs = if g.logprobs || g.n_probs > 0 {
-        g.n_probs.max(1)
-    } else {
-        0
-    };
+    r.n_probs = g.n_probs;
+    r.post_sampling_probs = g.post_sampling_probs;
+    r.logit_bias = g.logit_bias.clone();
     r.grammar = g.grammar.clone();
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
@@ -354,73 +386,91 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
+/// A token's text and bytes as llama-server writes them: a multi-byte UTF-8 sequence cut off at
+/// the end of the text is dropped from it (the bytes keep it), other invalid bytes become U+FFFD.
 fn token_str(st: &AppState, id: u32) -> (String, Vec<u8>) {
     let b = st.model.tokenizer().token_to_bytes(id).to_vec();
-    (String::from_utf8_lossy(&b).into_owned(), b)
+    let text = String::from_utf8_lossy(&b[..complete_utf8_len(&b)]).into_owned();
+    (text, b)
 }
 
-/// llama.cpp `completion_probabilities` entries.
-fn llama_probs(st: &AppState, probs: &[TokenProbs], n_top: usize) -> Vec<Value> {
-    probs
-        .iter()
-        .map(|p| {
-            let (t, b) = token_str(st, p.token);
-            let top: Vec<Value> = p
-                .top
-                .iter()
-                .take(n_top)
-                .map(|&(id, lp)| {
-                    let (t, b) = token_str(st, id);
-                    json!({"id": id, "token": t, "bytes": b, "logprob": lp})
-                })
-                .collect();
-            json!({"id": p.token, "token": t, "bytes": b, "logprob": p.logprob, "top_logprobs": top})
-        })
-        .collect()
-}
-
-/// OpenAI chat `logprobs.content` entries.
-fn chat_logprobs(st: &AppState, probs: &[TokenProbs], n_top: usize) -> Vec<Value> {
-    probs
-        .iter()
-        .map(|p| {
-            let (t, b) = token_str(st, p.token);
-            let top: Vec<Value> = p
-                .top
-                .iter()
-                .take(n_top)
-                .map(|&(id, lp)| {
-                    let (t, b) = token_str(st, id);
-                    json!({"token": t, "logprob": lp, "bytes": b})
-                })
-                .collect();
-            json!({"token": t, "logprob": p.logprob, "bytes": b, "top_logprobs": top})
-        })
-        .collect()
-}
-
-/// OpenAI legacy completions `logprobs` object.
-fn completion_logprobs(st: &AppState, probs: &[TokenProbs], n_top: usize, offset0: usize) -> Value {
-    let mut tokens = Vec::new();
-    let mut lps = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
-    let mut off = offset0;
-    for p in probs {
-        let (t, _) = token_str(st, p.token);
-        offsets.push(off);
-        off += t.len();
-        tokens.push(t);
-        lps.push(p.logprob);
-        let m: serde_json::Map<String, Value> = p
-            .top
-            .iter()
-            .take(n_top)
-            .map(|&(id, lp)| (token_str(st, id).0, json!(lp)))
-            .collect();
-        tops.push(Value::Object(m));
+/// Length of `b` without a multi-byte UTF-8 sequence cut off at its end (llama-server's
+/// `validate_utf8`: the last four bytes are checked for a lead byte missing continuations).
+fn complete_utf8_len(b: &[u8]) -> usize {
+    for i in 1..=b.len().min(4) {
+        let c = b[b.len() - i];
+        let len = match c {
+            _ if c & 0xE0 == 0xC0 => 2,
+            _ if c & 0xF0 == 0xE0 => 3,
+            _ if c & 0xF8 == 0xF0 => 4,
+            _ => continue,
+        };
+        if i < len {
+            return b.len() - i;
+        }
     }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    b.len()
+}
+
+/// llama-server's probabilities of generated tokens (`completion_probabilities`, and the
+/// `content` of OpenAI `logprobs`): per token its `id`, `token`, `bytes` and log-probability
+/// (`logprob`, `top_logprobs`) under the raw model, or with `post_sampling_probs` its
+/// probability (`prob`, `top_probs`) under the sampler's final distribution.
+fn probs_json(st: &AppState, probs: &[TokenProbs], post_sampling: bool) -> Vec<Value> {
+    let (key, top_key) = if post_sampling {
+        ("prob", "top_probs")
+    } else {
+        ("logprob", "top_logprobs")
+    };
+    let entry = |id: u32, logprob: f32| {
+        let (t, b) = token_str(st, id);
+        let v: f32 = if post_sampling {
+            f64::from(logprob).exp() as f32
+        } else if logprob == f32::NEG_INFINITY {
+            // JSON has no -inf: llama-server writes the lowest float.
+            f32::MIN
+        } else {
+            logprob
+        };
+        let mut m = serde_json::Map::new();
+        m.insert("id".into(), id.into());
+        m.insert("token".into(), t.into());
+        m.insert("bytes".into(), b.into());
+        m.insert(key.into(), Value::from(v));
+        m
+    };
+    probs
+        .iter()
+        .map(|p| {
+            let mut e = entry(p.token, p.logprob);
+            let top = p.top.iter().map(|&(id, lp)| Value::Object(entry(id, lp)));
+            e.insert(top_key.into(), top.collect());
+            Value::Object(e)
+        })
+        .collect()
+}
+
+/// The `logprobs` of an OpenAI choice: `{"content": [...]}` when probabilities were asked for
+/// and there are some.
+fn oai_logprobs(st: &AppState, probs: &[TokenProbs], g: &ProbsAsked) -> Option<Value> {
+    (g.n_probs > 0 && !probs.is_empty())
+        .then(|| json!({"content": probs_json(st, probs, g.post_sampling)}))
+}
+
+/// Which probabilities a response reports.
+#[derive(Clone, Copy)]
+struct ProbsAsked {
+    n_probs: usize,
+    post_sampling: bool,
+}
+
+impl ProbsAsked {
+    fn of(g: &GenParams) -> Self {
+        ProbsAsked {
+            n_probs: g.n_probs,
+            post_sampling: g.post_sampling_probs,
+        }
+    }
 }
 
 fn usage(out: &SeqOutput) -> Value {
@@ -432,27 +482,30 @@ fn usage(out: &SeqOutput) -> Value {
     })
 }
 
-/// What a streamed response looks like, per API.
+/// What a streamed response looks like, per API. `index`: the generation's place among the
+/// request's (prompts × `n_cmpl`), which every chunk names.
 enum Shape {
     Llama {
+        index: usize,
         slot: usize,
-        n_probs: usize,
+        probs: ProbsAsked,
         n_prompt: usize,
         n_decoded: usize,
         full: Box<dyn Fn(&SeqOutput) -> Value + Send>,
     },
     OaiCompletion {
+        index: usize,
         id: String,
         created: u64,
         model: String,
-        logprobs: Option<usize>,
-        offset: usize,
+        probs: ProbsAsked,
     },
     OaiChat {
+        index: usize,
         id: String,
         created: u64,
         model: String,
-        logprobs: Option<usize>,
+        probs: ProbsAsked,
         include_usage: bool,
         started: bool,
     },
@@ -469,90 +522,94 @@ impl Shape {
     ) -> Vec<String> {
         match self {
             Shape::Llama {
+                index,
                 slot,
-                n_probs,
+                probs: asked,
                 n_prompt,
                 n_decoded,
                 ..
             } => {
                 *n_decoded += tokens.len();
                 let mut v = json!({
-                    "index": 0, "content": text, "tokens": tokens, "stop": false,
+                    "index": index, "content": text, "tokens": tokens, "stop": false,
                     "id_slot": slot, "tokens_predicted": n_decoded, "tokens_evaluated": n_prompt,
                 });
-                if *n_probs > 0 {
-                    v["completion_probabilities"] = json!(llama_probs(st, probs, *n_probs));
+                if asked.n_probs > 0 && !probs.is_empty() {
+                    v["completion_probabilities"] =
+                        json!(probs_json(st, probs, asked.post_sampling));
                 }
                 vec![v.to_string()]
             }
             Shape::OaiCompletion {
+                index,
                 id,
                 created,
                 model,
-                logprobs,
-                offset,
+                probs: asked,
             } => {
-                let lp = logprobs.map(|n| completion_logprobs(st, probs, n, *offset));
-                *offset += text.len();
+                let lp = oai_logprobs(st, probs, asked);
                 vec![json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": null}],
+                    "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": null}],
                 })
                 .to_string()]
             }
             Shape::OaiChat {
+                index,
                 id,
                 created,
                 model,
-                logprobs,
+                probs: asked,
                 started,
                 ..
             } => {
                 let mut out = Vec::new();
-                let head = |delta: Value, lp: Value| {
+                let head = |delta: Value, lp: Option<Value>| {
+                    let mut choice = json!({"index": index, "delta": delta, "finish_reason": null});
+                    // llama-server names `logprobs` only in chunks that carry some.
+                    if let Some(lp) = lp {
+                        choice["logprobs"] = lp;
+                    }
                     json!({
                         "id": id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "system_fingerprint": fingerprint(),
-                        "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}],
+                        "model": model, "system_fingerprint": fingerprint(), "choices": [choice],
                     })
                     .to_string()
                 };
                 if !*started {
                     *started = true;
-                    out.push(head(
-                        json!({"role": "assistant", "content": null}),
-                        Value::Null,
-                    ));
+                    out.push(head(json!({"role": "assistant", "content": null}), None));
                 }
                 if !text.is_empty() || !probs.is_empty() {
-                    let lp = logprobs.map_or(
-                        Value::Null,
-                        |n| json!({"content": chat_logprobs(st, probs, n)}),
-                    );
-                    out.push(head(json!({"content": text}), lp));
+                    out.push(head(
+                        json!({"content": text}),
+                        oai_logprobs(st, probs, asked),
+                    ));
                 }
                 out
             }
         }
     }
 
-    /// Payloads for the end of the generation.
+    /// Payloads for the end of the generation (the stream's `[DONE]` comes after all of them).
     fn done(&mut self, out: &SeqOutput) -> Vec<String> {
         match self {
             Shape::Llama { full, .. } => vec![full(out).to_string()],
             Shape::OaiCompletion {
-                id, created, model, ..
-            } => vec![
-                json!({
-                    "id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"text": "", "index": 0, "logprobs": null,
-                                 "finish_reason": finish_reason(out.reason)}],
-                    "usage": usage(out), "timings": timings(out),
-                })
-                .to_string(),
-                "[DONE]".into(),
-            ],
+                index,
+                id,
+                created,
+                model,
+                ..
+            } => vec![json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"text": "", "index": index, "logprobs": null,
+                             "finish_reason": finish_reason(out.reason)}],
+                "usage": usage(out), "timings": timings(out),
+            })
+            .to_string()],
             Shape::OaiChat {
+                index,
                 id,
                 created,
                 model,
@@ -561,13 +618,13 @@ impl Shape {
                 ..
             } => {
                 let mut v = vec![];
-                let chunk = |choices: Value, extra: Option<(&str, Value)>| {
+                let chunk = |choices: Value, extra: &[(&str, Value)]| {
                     let mut c = json!({
                         "id": id, "object": "chat.completion.chunk", "created": created,
                         "model": model, "system_fingerprint": fingerprint(), "choices": choices,
                     });
-                    if let Some((k, x)) = extra {
-                        c[k] = x;
+                    for (k, x) in extra {
+                        c[*k] = x.clone();
                     }
                     c.to_string()
                 };
@@ -575,20 +632,21 @@ impl Shape {
                 if !*started {
                     *started = true;
                     v.push(chunk(
-                        json!([{"index": 0, "delta": {"role": "assistant", "content": null},
-                                "logprobs": null, "finish_reason": null}]),
-                        None,
+                        json!([{"index": index, "delta": {"role": "assistant", "content": null},
+                                "finish_reason": null}]),
+                        &[],
                     ));
                 }
-                v.push(chunk(
-                    json!([{"index": 0, "delta": {}, "logprobs": null,
-                            "finish_reason": finish_reason(out.reason)}]),
-                    Some(("timings", timings(out))),
-                ));
+                let end = json!([{"index": index, "delta": {},
+                                  "finish_reason": finish_reason(out.reason)}]);
+                // `timings` ride on the last chunk, as in llama-server.
+                let t = ("timings", timings(out));
                 if *include_usage {
-                    v.push(chunk(json!([]), Some(("usage", usage(out)))));
+                    v.push(chunk(end, &[]));
+                    v.push(chunk(json!([]), &[("usage", usage(out)), t]));
+                } else {
+                    v.push(chunk(end, &[t]));
                 }
-                v.push("[DONE]".into());
                 v
             }
         }
@@ -599,15 +657,18 @@ fn fingerprint() -> String {
     format!("specd-{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Streams a generation as server-sent events; dropping the stream (the client went away)
-/// drops the event receiver, which cancels the slot.
-fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
+/// One generation's payloads as a stream: `(payloads, failed)` per event, ending after its last.
+fn payloads(
+    st: Arc<AppState>,
+    r: Running,
+    shape: Shape,
+) -> impl Stream<Item = (Vec<String>, bool)> + Send {
     struct S {
         st: Arc<AppState>,
         r: Running,
         shape: Shape,
     }
-    let events = stream::unfold(Some(S { st, r, shape }), |state| async move {
+    stream::unfold(Some(S { st, r, shape }), |state| async move {
         let mut s = state?;
         loop {
             match s.r.rx.recv().await {
@@ -621,7 +682,7 @@ fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
                     }
                     let p = s.shape.chunk(&s.st, tokens, text, &probs);
                     if !p.is_empty() {
-                        return Some((p, Some(s)));
+                        return Some(((p, false), Some(s)));
                     }
                 }
                 Some(Event::Done(out)) => {
@@ -632,17 +693,35 @@ fn sse(st: Arc<AppState>, r: Running, shape: Shape) -> Response {
                         out.probs.clear();
                     }
                     let p = s.shape.done(&out);
-                    return Some((p, None));
+                    return Some(((p, false), None));
                 }
                 Some(Event::Failed(e)) => {
-                    return Some((vec![json!({"error": e.object()}).to_string()], None))
+                    return Some(((vec![json!({"error": e.object()}).to_string()], true), None))
                 }
                 Some(Event::Started { .. }) => continue,
                 None => {
                     let e = ApiError::server("the engine dropped the request");
-                    return Some((vec![json!({"error": e.object()}).to_string()], None));
+                    return Some(((vec![json!({"error": e.object()}).to_string()], true), None));
                 }
             }
+        }
+    })
+}
+
+/// Streams generations as server-sent events, their chunks interleaved as they come (each
+/// names its `index`); OpenAI streams end with `[DONE]` once all have finished. The first error
+/// ends the stream. Dropping the stream (the client went away) drops the event receivers,
+/// which cancels the slots.
+fn sse(st: Arc<AppState>, runs: Vec<(Running, Shape)>, done_marker: bool) -> Response {
+    let merged = stream::select_all(
+        runs.into_iter()
+            .map(|(r, shape)| Box::pin(payloads(st.clone(), r, shape))),
+    );
+    let events = stream::unfold(Some(merged), move |state| async move {
+        let mut merged = state?;
+        match merged.next().await {
+            Some((p, failed)) => Some((p, (!failed).then_some(merged))),
+            None => done_marker.then(|| (vec!["[DONE]".to_string()], None)),
         }
     })
     .flat_map(|payloads| {
@@ -675,6 +754,14 @@ fn llama_full(
     out: &SeqOutput,
     streamed: bool,
 ) -> Value {
+    let mut settings = settings_of(st, g);
+    // The biases the sampler used: the request's, then ignore_eos's bans (llama-server shows
+    // them here only, not in /slots).
+    let eog = st.model.tokenizer().eog_ids();
+    settings["logit_bias"] = logit_bias_with_eog(&g.logit_bias, g.ignore_eos, eog)
+        .into_iter()
+        .map(|(t, b)| json!({"bias": b, "token": t}))
+        .collect();
     let mut v = json!({
         "index": 0,
         "content": if streamed { "" } else { out.text.as_str() },
@@ -685,7 +772,7 @@ fn llama_full(
         "tokens_predicted": out.tokens.len(),
         "tokens_evaluated": out.n_prompt,
         "tokens_cached": out.n_cached,
-        "generation_settings": settings_of(st, g),
+        "generation_settings": settings,
         "prompt": st.model.tokenizer().decode(prompt, true).unwrap_or_default(),
         "has_new_line": out.text.contains('\n'),
         "truncated": out.reason == FinishReason::Context,
@@ -693,8 +780,8 @@ fn llama_full(
         "stopping_word": out.stop_word.clone().unwrap_or_default(),
         "timings": timings(out),
     });
-    if g.n_probs > 0 && !streamed {
-        v["completion_probabilities"] = json!(llama_probs(st, &out.probs, g.n_probs));
+    if g.n_probs > 0 && !streamed && !out.probs.is_empty() {
+        v["completion_probabilities"] = json!(probs_json(st, &out.probs, g.post_sampling_probs));
     }
     v
 }
@@ -706,32 +793,40 @@ pub async fn completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBod
 
 async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::Llama)?;
-    let prompts = parse_prompts(&st, &f)?;
-    if g.stream && prompts.len() > 1 {
-        return Err(ApiError::invalid(
-            "streaming is supported for a single prompt only",
-        ));
-    }
+    let g = gen_params(&st, &f, Api::Llama)?;
+    let tasks = tasks(parse_prompts(&st, &f)?, &g);
     if g.stream {
-        let prompt = prompts.into_iter().next().unwrap_or_default();
-        let r = start(&st, prompt, &g).await?;
-        let (st2, g2, slot, prompt) = (st.clone(), g.clone(), r.slot, r.prompt.clone());
-        let shape = Shape::Llama {
-            slot,
-            n_probs: g.n_probs,
-            n_prompt: prompt.len(),
-            n_decoded: 0,
-            full: Box::new(move |out: &SeqOutput| llama_full(&st2, &g2, slot, &prompt, out, true)),
-        };
-        return Ok(sse(st, r, shape));
+        let runs = start_all(&st, &tasks).await?;
+        let parts = runs
+            .into_iter()
+            .zip(tasks)
+            .enumerate()
+            .map(|(index, (r, (prompt, g)))| {
+                let (st2, slot) = (st.clone(), r.slot);
+                let shape = Shape::Llama {
+                    index,
+                    slot,
+                    probs: ProbsAsked::of(&g),
+                    n_prompt: prompt.len(),
+                    n_decoded: 0,
+                    full: Box::new(move |out: &SeqOutput| {
+                        let mut v = llama_full(&st2, &g, slot, &prompt, out, true);
+                        v["index"] = json!(index);
+                        v
+                    }),
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, parts, false));
     }
-    let results = run_all(&st, prompts, &g).await?;
+    let results = run_all(&st, &tasks).await?;
     let mut v: Vec<Value> = results
         .iter()
+        .zip(&tasks)
         .enumerate()
-        .map(|(i, (out, r))| {
-            let mut x = llama_full(&st, &g, r.slot, &r.prompt, out, false);
+        .map(|(i, ((out, r), (_, g)))| {
+            let mut x = llama_full(&st, g, r.slot, &r.prompt, out, false);
             x["index"] = json!(i);
             x
         })
@@ -743,14 +838,25 @@ async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, Ap
     })
 }
 
-/// Runs several prompts at once (they share the engine's batches) and waits for all.
+/// Starts every task (each gets its slot; they share the engine's batches). One failing fails
+/// the request, and the others, dropped, are cancelled.
+async fn start_all(
+    st: &Arc<AppState>,
+    tasks: &[(Vec<u32>, GenParams)],
+) -> Result<Vec<Running>, ApiError> {
+    futures_util::future::join_all(tasks.iter().map(|(p, g)| start(st, p.clone(), g)))
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Runs every task at once (they share the engine's batches) and waits for all.
 async fn run_all(
     st: &Arc<AppState>,
-    prompts: Vec<Vec<u32>>,
-    g: &GenParams,
+    tasks: &[(Vec<u32>, GenParams)],
 ) -> Result<Vec<(SeqOutput, Running)>, ApiError> {
-    let runs = futures_util::future::join_all(prompts.into_iter().map(|p| async move {
-        let r = start(st, p, g).await?;
+    let runs = futures_util::future::join_all(tasks.iter().map(|(p, g)| async move {
+        let r = start(st, p.clone(), g).await?;
         finish(r).await
     }))
     .await;
@@ -764,57 +870,55 @@ pub async fn oai_completion(State(st): State<Arc<AppState>>, JsonBody(body): Jso
 
 async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::OaiCompletion)?;
+    let g = gen_params(&st, &f, Api::OaiCompletion)?;
     let prompts = parse_prompts(&st, &f)?;
     let echo = f.bool("echo")?.unwrap_or(false);
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = response_id("cmpl");
     let created = unix_now();
-    let logprobs = g.logprobs.then_some(g.n_probs);
+    let tasks = tasks(prompts, &g);
     if g.stream {
-        if prompts.len() > 1 {
-            return Err(ApiError::invalid(
-                "streaming is supported for a single prompt only",
-            ));
-        }
         if echo {
             return Err(
                 ApiError::invalid("'echo' is not supported with streaming").with("param", "echo")
             );
         }
-        let prompt = prompts.into_iter().next().unwrap_or_default();
-        let r = start(&st, prompt, &g).await?;
-        let shape = Shape::OaiCompletion {
-            id,
-            created,
-            model,
-            logprobs,
-            offset: 0,
-        };
-        return Ok(sse(st, r, shape));
+        let runs = start_all(&st, &tasks).await?;
+        let parts = runs
+            .into_iter()
+            .zip(&tasks)
+            .enumerate()
+            .map(|(index, (r, (_, g)))| {
+                let shape = Shape::OaiCompletion {
+                    index,
+                    id: id.clone(),
+                    created,
+                    model: model.clone(),
+                    probs: ProbsAsked::of(g),
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, parts, true));
     }
-    let results = run_all(&st, prompts, &g).await?;
+    let results = run_all(&st, &tasks).await?;
     let tok = st.model.tokenizer();
     let mut choices = Vec::new();
-    let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
-    for (i, (out, r)) in results.iter().enumerate() {
+    for (i, ((out, r), (_, g))) in results.iter().zip(&tasks).enumerate() {
         let prefix = if echo {
             tok.decode(&r.prompt, false).unwrap_or_default()
         } else {
             String::new()
         };
-        let lp = logprobs.map(|n| completion_logprobs(&st, &out.probs, n, prefix.len()));
         choices.push(json!({
             "text": format!("{prefix}{}", out.text),
             "index": i,
-            "logprobs": lp,
+            "logprobs": oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)),
             "finish_reason": finish_reason(out.reason),
         }));
-        n_prompt += out.n_prompt;
-        n_gen += out.tokens.len();
-        n_cached += out.n_cached;
     }
-    let timings = results.first().map(|(o, _)| timings(o));
+    // llama-server answers several generations with the first one's usage and timings.
+    let first = results.first().map(|(o, _)| o);
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
@@ -822,13 +926,8 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
         "model": model,
         "system_fingerprint": fingerprint(),
         "choices": choices,
-        "usage": {
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_gen,
-            "total_tokens": n_prompt + n_gen,
-            "prompt_tokens_details": {"cached_tokens": n_cached},
-        },
-        "timings": timings,
+        "usage": first.map(usage),
+        "timings": first.map(timings),
     }))
     .into_response())
 }
@@ -840,7 +939,7 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::OaiChat)?;
+    let g = gen_params(&st, &f, Api::OaiChat)?;
     let text = render_chat(&st, &f)?;
     let prompt = tokenize_prompt(&st, &text, true)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
@@ -850,38 +949,57 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
     };
     let id = response_id("chatcmpl");
     let created = unix_now();
-    let logprobs = g.logprobs.then_some(g.n_probs);
-    let r = start(&st, prompt, &g).await?;
+    let tasks = tasks(vec![prompt], &g);
     if g.stream {
-        let shape = Shape::OaiChat {
-            id,
-            created,
-            model,
-            logprobs,
-            include_usage,
-            started: false,
-        };
-        return Ok(sse(st, r, shape));
+        let runs = start_all(&st, &tasks).await?;
+        let parts = runs
+            .into_iter()
+            .zip(&tasks)
+            .enumerate()
+            .map(|(index, (r, (_, g)))| {
+                let shape = Shape::OaiChat {
+                    index,
+                    id: id.clone(),
+                    created,
+                    model: model.clone(),
+                    probs: ProbsAsked::of(g),
+                    include_usage,
+                    started: false,
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, parts, true));
     }
-    let (out, _) = finish(r).await?;
-    let lp = logprobs.map_or(
-        Value::Null,
-        |n| json!({"content": chat_logprobs(&st, &out.probs, n)}),
-    );
+    let results = run_all(&st, &tasks).await?;
+    let choices: Vec<Value> = results
+        .iter()
+        .zip(&tasks)
+        .enumerate()
+        .map(|(index, ((out, _), (_, g)))| {
+            let mut choice = json!({
+                "index": index,
+                "message": {"role": "assistant", "content": out.text},
+                "finish_reason": finish_reason(out.reason),
+            });
+            // llama-server names `logprobs` only when it has some.
+            if let Some(lp) = oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)) {
+                choice["logprobs"] = lp;
+            }
+            choice
+        })
+        .collect();
+    // llama-server answers several choices with the first one's usage and timings.
+    let first = results.first().map(|(o, _)| o);
     Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint(),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": lp,
-            "finish_reason": finish_reason(out.reason),
-        }],
-        "usage": usage(&out),
-        "timings": timings(&out),
+        "choices": choices,
+        "usage": first.map(usage),
+        "timings": first.map(timings),
     }))
     .into_response())
 }

@@ -1038,15 +1038,13 @@ impl Engine {
     }
 }
 
-/// Log-softmax of the raw logits: the chosen token's value and the top `n`.
+/// Log-softmax of the raw logits: the chosen token's value and the top `n` (the chosen token's
+/// value is the one it has in the top list, if it is there).
 fn token_probs(logits: &[f32], token: u32, n: usize) -> TokenProbs {
-    let top = specd_sampling::top_logprobs(logits, n);
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = m + logits.iter().map(|&v| (v - m).exp()).sum::<f32>().ln();
     TokenProbs {
         token,
-        logprob: logits[token as usize] - lse,
-        top,
+        logprob: specd_sampling::token_logprob(logits, token),
+        top: specd_sampling::top_logprobs(logits, n),
     }
 }
 
