@@ -489,8 +489,6 @@ const UNSUPPORTED: &[&str] = &[
     "--xtc-threshold",
     "--dynatemp-range",
     "--dynatemp-exp",
-    "-l",
-    "--logit-bias",
     "--top-nsigma",
     "--top-n-sigma",
     "--adaptive-target",
@@ -774,6 +772,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             spec,
             cache_prompt: !a.no_cache_prompt,
             grammar,
+            ignore_eos: a.ignore_eos,
+            logit_bias: a.sampling.logit_bias.clone(),
         },
         chat_template,
         cors_origins: a

@@ -134,6 +134,19 @@ fn ignore_eos_bans_end_of_generation_tokens() {
     assert!(ids(&v).iter().all(|t| !eog.contains(t)), "{v}");
     let v = completion(&s, json!({"ignore_eos": false}));
     assert_eq!(bias_list(&v), []);
+
+    // `--ignore-eos` makes it every request's default.
+    let s = Server::start(&["-c", "512", "-np", "1", "--ignore-eos"]);
+    let v = completion(&s, json!({ "logit_bias": pull }));
+    assert_eq!(v["generation_settings"]["ignore_eos"], true);
+    assert_eq!(v["stop_type"], "limit");
+    assert_eq!(bias_list(&v).len(), pull.len() + eog.len());
+    let v = completion(&s, json!({"ignore_eos": false}));
+    assert_eq!(bias_list(&v), []);
+    assert_eq!(
+        s.get("/props").json()["default_generation_settings"]["params"]["ignore_eos"],
+        true
+    );
 }
 
 #[test]
@@ -438,7 +451,7 @@ fn several_choices() {
         .map(|e| serde_json::from_str(e).unwrap())
         .collect();
     let mut text = [String::new(), String::new()];
-    for i in 0..2 {
+    for (i, text) in text.iter_mut().enumerate() {
         let mine: Vec<&Value> = chunks
             .iter()
             .filter(|c| c["choices"].get(0).is_some_and(|ch| ch["index"] == i))
@@ -455,7 +468,7 @@ fn several_choices() {
         assert_eq!(ends[0]["choices"][0]["finish_reason"], "length");
         for c in &mine {
             if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
-                text[i].push_str(t);
+                text.push_str(t);
             }
         }
     }
@@ -485,4 +498,42 @@ fn several_choices() {
         .collect();
     idx.sort_unstable();
     assert_eq!(idx, [0, 1]);
+}
+
+#[test]
+fn logit_bias_on_the_command_line() {
+    // llama-server's `-l TOKEN_ID(+/-)BIAS`: the default of requests that give no logit_bias.
+    let s = Server::start(&[
+        "-c",
+        "256",
+        "-np",
+        "1",
+        "-l",
+        "7+100",
+        "--logit-bias",
+        "9-inf",
+    ]);
+    let v = completion(&s, json!({}));
+    assert_eq!(ids(&v), [7; 8]);
+    assert_eq!(bias_list(&v), [(7, json!(100.0)), (9, Value::Null)]);
+    let v = completion(&s, json!({"logit_bias": null}));
+    assert_eq!(ids(&v), [7; 8]);
+    // A request's own logit_bias replaces it, an empty one too.
+    let v = completion(&s, json!({"logit_bias": []}));
+    assert_eq!(bias_list(&v), []);
+    assert_ne!(ids(&v), [7; 8]);
+    for bad in ["7", "7x1", "x+1", "7+nan", "-7+1"] {
+        let out = std::process::Command::new(common::BIN)
+            .args(["serve", "-m"])
+            .arg(common::model())
+            .args(["--port", "0", "-l", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("TOKEN_ID"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -92,10 +92,16 @@ fn settings_of(st: &AppState, g: &GenParams) -> Value {
 fn gen_params(st: &AppState, f: &Fields, api: Api) -> Result<GenParams, ApiError> {
     let mut g = parse_gen(f, &st.cfg.defaults, api)?;
     let tok = st.model.tokenizer();
-    g.logit_bias = parse_logit_bias(f, st.model.config().n_vocab, |text| {
-        tok.encode(text, false, false)
-            .map_err(|e| ApiError::invalid(format!("logit_bias: {e}")).with("param", "logit_bias"))
-    })?;
+    // A request's `logit_bias` replaces the command line's.
+    g.logit_bias = if f.get("logit_bias").is_some() {
+        parse_logit_bias(f, st.model.config().n_vocab, |text| {
+            tok.encode(text, false, false).map_err(|e| {
+                ApiError::invalid(format!("logit_bias: {e}")).with("param", "logit_bias")
+            })
+        })?
+    } else {
+        st.cfg.defaults.logit_bias.clone()
+    };
     g.n_cmpl = parse_n_cmpl(f, st.cfg.n_parallel)?;
     Ok(g)
 }

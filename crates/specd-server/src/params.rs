@@ -116,6 +116,10 @@ pub struct Defaults {
     pub cache_prompt: bool,
     /// Grammar of requests that give none (`--grammar`, `--json-schema`).
     pub grammar: Option<GrammarSpec>,
+    /// `ignore_eos` default (`--ignore-eos`).
+    pub ignore_eos: bool,
+    /// Logit biases of requests that give no `logit_bias` (`--logit-bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// What a request asks of a generation, besides its prompt.
@@ -217,7 +221,7 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
     }
 
     let stop = f.strings("stop")?.unwrap_or_default();
-    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(d.ignore_eos);
 
     // Probabilities, as llama-server reads them: `n_probs`, else its alias `logprobs` (OpenAI
     // completions' integer); OpenAI chat's `logprobs: true` asks for `top_logprobs` (20 when
@@ -526,6 +530,8 @@ mod tests {
             },
             cache_prompt: true,
             grammar: None,
+            ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 
