@@ -372,6 +372,7 @@ fn run_workload(
         let prompt = model.tokenizer().encode(&prompt_text, true, true)?;
         let mut req = SequenceRequest::greedy(prompt.clone(), a.n_gen);
         req.sampler = a.sampling.params();
+        req.logit_bias = a.sampling.logit_bias.clone();
         req.ignore_eos = true;
         req.spec = spec.clone();
         req.draft_model = draft.clone();

@@ -86,6 +86,35 @@ pub struct SamplingArgs {
     /// RNG seed (default: random).
     #[arg(short = 's', long = "seed", default_value_t = u32::MAX)]
     pub seed: u32,
+    /// Logit bias `TOKEN_ID+BIAS` or `TOKEN_ID-BIAS` (`15043-inf` bans), repeatable: added to
+    /// the token's logit before the rest of the sampler chain.
+    #[arg(
+        short = 'l',
+        long = "logit-bias",
+        value_name = "TOKEN_ID(+/-)BIAS",
+        value_parser = parse_logit_bias,
+        allow_hyphen_values = true
+    )]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// llama.cpp's `--logit-bias TOKEN_ID(+/-)BIAS`: an id, a sign, a number (`inf` allowed).
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("'{s}': expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043-1");
+    let t = s.trim_start();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let id: u32 = t[..digits].parse().map_err(|_| bad())?;
+    let rest = t[digits..].trim_start();
+    let (sign, value) = match rest.as_bytes().first() {
+        Some(b'+') => (1.0, &rest[1..]),
+        Some(b'-') => (-1.0, &rest[1..]),
+        _ => return Err(bad()),
+    };
+    let bias: f32 = value.trim().parse().map_err(|_| bad())?;
+    if bias.is_nan() {
+        return Err(bad());
+    }
+    Ok((id, sign * bias))
 }
 
 impl SamplingArgs {
@@ -328,7 +357,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         reference: None,
         draft_model: None,
         n_probs: a.n_probs,
+        post_sampling_probs: false,
         grammar: a.grammar.spec()?,
+        logit_bias: a.sampling.logit_bias.clone(),
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

@@ -309,7 +309,7 @@ fn chat_completions() {
     assert_eq!(streamed, content);
     let fin = &chunks[chunks.len() - 2];
     assert_eq!(fin["choices"][0]["finish_reason"], c["finish_reason"]);
-    // The timings ride on the last chunk (llama-server): here the usage chunk.
+    // llama-server puts `timings` on the last chunk: the usage chunk when there is one.
     assert!(chunks.last().unwrap()["timings"]["predicted_n"].is_number());
     assert_eq!(
         chunks.last().unwrap()["usage"]["prompt_tokens"],

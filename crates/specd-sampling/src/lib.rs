@@ -15,8 +15,9 @@
 //! An optional [`Grammar`] (llguidance: GBNF, Lark, JSON schema, regex) masks
 //! the logits before the chain and rolls back with the history.
 //!
-//! The chain mirrors llama.cpp's default order: penalties → top-k → typical
-//! → top-p → min-p → temperature → draw.
+//! The chain mirrors llama.cpp's default order: logit bias
+//! ([`Sampler::with_logit_bias`]) → penalties → top-k → typical → top-p →
+//! min-p → temperature → draw.
 //!
 //! ```
 //! use specd_sampling::{Sampler, SamplerParams};
@@ -45,7 +46,7 @@ mod sampler;
 
 pub use gbnf::gbnf_to_lark;
 pub use grammar::{Grammar, GrammarSpec, GrammarVocab};
-pub use logprobs::top_logprobs;
+pub use logprobs::{token_logprob, top_logprobs};
 pub use params::{SamplerParams, SamplingError, RANDOM_SEED};
 pub use rejection::Verdict;
 pub use rng::{draw, position_uniform};

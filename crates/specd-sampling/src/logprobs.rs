@@ -14,24 +14,7 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let max = logits
-        .iter()
-        .map(|&l| clean(l))
-        .fold(f32::NEG_INFINITY, f32::max);
-    // log-sum-exp in f64: a 248k-entry sum in f32 loses digits that matter
-    // for the small logprobs clients display.
-    let (shift, log_z) = if max == f32::INFINITY {
-        let count = logits.iter().filter(|&&l| l == f32::INFINITY).count();
-        (0.0, (count as f64).ln())
-    } else if max == f32::NEG_INFINITY {
-        (0.0, f64::INFINITY)
-    } else {
-        let sum: f64 = logits
-            .iter()
-            .map(|&l| (f64::from(clean(l)) - f64::from(max)).exp())
-            .sum();
-        (f64::from(max), sum.ln())
-    };
+    let norm = Normaliser::of(logits);
     let mut c: Vec<Cand> = Vec::with_capacity(logits.len());
     crate::chain::all_candidates(logits, &mut c);
     if n < c.len() {
@@ -39,24 +22,65 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         c.truncate(n);
     }
     c.sort_unstable_by(desc);
-    c.iter()
-        .map(|x| {
-            let lp = if max == f32::INFINITY {
-                if x.logit == f32::INFINITY {
-                    -log_z
-                } else {
-                    f64::NEG_INFINITY
-                }
-            } else if max == f32::NEG_INFINITY {
-                // No information at all: report every token as impossible
-                // rather than inventing a distribution.
-                f64::NEG_INFINITY
+    c.iter().map(|x| (x.id, norm.logprob(x.logit))).collect()
+}
+
+/// The log-probability of `token` under `log_softmax(logits)`, exactly as
+/// [`top_logprobs`] reports it (so a token listed there has the same value);
+/// `-inf` for an id outside `logits`.
+pub fn token_logprob(logits: &[f32], token: u32) -> f32 {
+    match logits.get(token as usize) {
+        Some(&l) => Normaliser::of(logits).logprob(clean(l)),
+        None => f32::NEG_INFINITY,
+    }
+}
+
+/// What turns a cleaned logit into its log-probability.
+struct Normaliser {
+    max: f32,
+    shift: f64,
+    log_z: f64,
+}
+
+impl Normaliser {
+    fn of(logits: &[f32]) -> Self {
+        let max = logits
+            .iter()
+            .map(|&l| clean(l))
+            .fold(f32::NEG_INFINITY, f32::max);
+        // log-sum-exp in f64: a 248k-entry sum in f32 loses digits that matter
+        // for the small logprobs clients display.
+        let (shift, log_z) = if max == f32::INFINITY {
+            let count = logits.iter().filter(|&&l| l == f32::INFINITY).count();
+            (0.0, (count as f64).ln())
+        } else if max == f32::NEG_INFINITY {
+            (0.0, f64::INFINITY)
+        } else {
+            let sum: f64 = logits
+                .iter()
+                .map(|&l| (f64::from(clean(l)) - f64::from(max)).exp())
+                .sum();
+            (f64::from(max), sum.ln())
+        };
+        Normaliser { max, shift, log_z }
+    }
+
+    fn logprob(&self, logit: f32) -> f32 {
+        let lp = if self.max == f32::INFINITY {
+            if logit == f32::INFINITY {
+                -self.log_z
             } else {
-                f64::from(x.logit) - shift - log_z
-            };
-            (x.id, lp as f32)
-        })
-        .collect()
+                f64::NEG_INFINITY
+            }
+        } else if self.max == f32::NEG_INFINITY {
+            // No information at all: report every token as impossible
+            // rather than inventing a distribution.
+            f64::NEG_INFINITY
+        } else {
+            f64::from(logit) - self.shift - self.log_z
+        };
+        lp as f32
+    }
 }
 
 #[cfg(test)]
@@ -89,6 +113,15 @@ mod tests {
             assert_eq!(x.0, y.0);
             assert!((x.1 - y.1).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn token_logprob_matches_the_top_list() {
+        let l = [0.3f32, -1.0, 2.5, f32::NAN, 2.5, 0.0];
+        for (id, lp) in top_logprobs(&l, 6) {
+            assert_eq!(token_logprob(&l, id).to_bits(), lp.to_bits(), "token {id}");
+        }
+        assert_eq!(token_logprob(&l, 6), f32::NEG_INFINITY);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use crate::chain::{argmax, clean, desc, filter, penalize, softmax, Cand, Work};
+use crate::chain::{argmax, clean, desc, filter, max_of_slice, penalize, softmax, Cand, Work};
 use crate::grammar::Grammar;
 use crate::history::History;
 use crate::params::{SamplerParams, SamplingError};
@@ -41,6 +41,8 @@ pub struct Sampler {
     /// The output constraint; a `RefCell` because computing a mask advances the matcher's
     /// internal caches while [`sample`](Self::sample) stays `&self`.
     grammar: Option<RefCell<Grammar>>,
+    /// `(token, bias)` added to the logits before every other step, in this order.
+    logit_bias: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -63,7 +65,30 @@ impl Sampler {
             history,
             scratch: RefCell::new(Scratch::default()),
             grammar: None,
+            logit_bias: Vec::new(),
         })
+    }
+
+    /// Adds `bias` to the logit of `token` for every `(token, bias)` pair, before penalties,
+    /// filters and the grammar mask (llama.cpp's logit-bias sampler opens its chain). Pairs apply
+    /// in order, so a token listed twice gets both biases; `-inf` bans a token (unless it bans
+    /// every token a grammar allows: the grammar wins). Tokens outside the vocabulary of the
+    /// logits are ignored. A NaN bias is an error: it would make the token's rank meaningless.
+    pub fn with_logit_bias(mut self, bias: &[(u32, f32)]) -> Result<Self, SamplingError> {
+        if let Some(&(_, b)) = bias.iter().find(|(_, b)| b.is_nan()) {
+            return Err(SamplingError::InvalidParam {
+                name: "logit_bias",
+                value: b.into(),
+                expected: "a number or -inf",
+            });
+        }
+        self.logit_bias = bias.to_vec();
+        Ok(self)
+    }
+
+    /// The logit biases (see [`with_logit_bias`](Self::with_logit_bias)).
+    pub fn logit_bias(&self) -> &[(u32, f32)] {
+        &self.logit_bias
     }
 
     /// Constrains the output with `grammar` (compiled from [`GrammarVocab`](crate::GrammarVocab)).
@@ -217,25 +242,41 @@ impl Sampler {
         Ok(())
     }
 
-    /// Logits with penalties and the grammar mask applied: `logits` itself
-    /// when neither applies, else a patched copy in `buf` (only the few tokens
-    /// in the window change, so a copy plus point updates beats a per-token
-    /// lookup; masked tokens become -inf).
+    /// Logits with the logit biases, the grammar mask and the penalties applied, in llama.cpp's
+    /// order (bias first: a penalty divides or multiplies the biased logit): `logits` itself
+    /// when none applies, else a patched copy in `buf` (only a few tokens change, so a copy
+    /// plus point updates beats a per-token lookup; masked tokens become -inf).
     fn penalised<'a>(&self, logits: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
         let counts = self.history.counts();
         let applies = counts.keys().any(|&t| (t as usize) < logits.len());
-        if !applies && self.grammar.is_none() {
+        if !applies && self.grammar.is_none() && self.logit_bias.is_empty() {
             return logits;
         }
-        buf.clear();
-        buf.extend_from_slice(logits);
-        if let Some(g) = &self.grammar {
-            let mask = g.borrow_mut().mask();
-            for (i, l) in buf.iter_mut().enumerate() {
-                if !mask.is_allowed(i as u32) {
-                    *l = f32::NEG_INFINITY;
+        let mask = self.grammar.as_ref().map(|g| g.borrow_mut().mask());
+        let fill = |buf: &mut Vec<f32>, bias: &[(u32, f32)]| {
+            buf.clear();
+            buf.extend_from_slice(logits);
+            for &(t, b) in bias {
+                // Ids past this vocabulary (a drafter's smaller one, a caller's mistake) have no
+                // logit.
+                if let Some(l) = buf.get_mut(t as usize) {
+                    *l += b;
                 }
             }
+            if let Some(mask) = &mask {
+                for (i, l) in buf.iter_mut().enumerate() {
+                    if !mask.is_allowed(i as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        };
+        fill(buf, &self.logit_bias);
+        if mask.is_some() && !self.logit_bias.is_empty() && max_of_slice(buf) == f32::NEG_INFINITY {
+            // The biases banned every token the grammar allows (a complete grammar allows only
+            // EOS, which `ignore_eos` bans): the grammar is the hard constraint, so its choice
+            // stands, unbiased.
+            fill(buf, &[]);
         }
         for (&t, &c) in counts {
             // Tokens outside this vocabulary (e.g. from a mismatched prompt)
@@ -299,6 +340,7 @@ impl Clone for Sampler {
                 .grammar
                 .as_ref()
                 .map(|g| RefCell::new(g.borrow().clone())),
+            logit_bias: self.logit_bias.clone(),
         }
     }
 }

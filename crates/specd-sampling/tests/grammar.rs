@@ -217,3 +217,39 @@ fn invalid_grammars_are_errors() {
         assert!(gv.compile(&bad).is_err(), "{bad:?} compiled");
     }
 }
+
+#[test]
+fn a_ban_on_everything_the_grammar_allows_yields_to_the_grammar() {
+    let (gv, pieces, eos) = vocab();
+    let n = pieces.len() + 1;
+    let g = gv
+        .compile(&GrammarSpec::Gbnf("root ::= \"yes\"".into()))
+        .unwrap();
+    let mut s = Sampler::new(SamplerParams::greedy(), &[])
+        .unwrap()
+        .with_logit_bias(&[(eos, f32::NEG_INFINITY), (0, 50.0)])
+        .unwrap()
+        .with_grammar(g);
+    let l = logits(3, 0, n);
+    // A ban the grammar leaves room for still steers: "no" rather than "yes".
+    let yes = pieces.iter().position(|p| p == b"yes").unwrap() as u32;
+    let no = pieces.iter().position(|p| p == b"no").unwrap() as u32;
+    let either = GrammarSpec::Gbnf("root ::= \"yes\" | \"no\"".into());
+    let s2 = Sampler::new(SamplerParams::greedy(), &[])
+        .unwrap()
+        .with_logit_bias(&[(yes, f32::NEG_INFINITY)])
+        .unwrap()
+        .with_grammar(gv.compile(&either).unwrap());
+    assert_eq!(s2.sample(&l, 0), no);
+    let s3 = Sampler::new(SamplerParams::greedy(), &[])
+        .unwrap()
+        .with_logit_bias(&[(no, f32::NEG_INFINITY)])
+        .unwrap()
+        .with_grammar(gv.compile(&either).unwrap());
+    assert_eq!(s3.sample(&l, 0), yes);
+    // The grammar is complete after "yes": only EOS may follow, and it is banned. The grammar
+    // wins (EOS), instead of a token it forbids.
+    s.accept(yes).unwrap();
+    assert_eq!(s.sample(&l, 1), eos);
+    s.accept(eos).unwrap();
+}

@@ -320,6 +320,81 @@ fn penalised_tokens_outside_the_vocabulary_are_ignored() {
     assert!(!d.is_empty());
 }
 
+#[test]
+fn logit_bias_shifts_bans_and_adds_up() {
+    let l = [1.0f32, 3.0, 2.0, 0.5];
+    let greedy = |bias: &[(u32, f32)]| {
+        Sampler::new(SamplerParams::greedy(), &[])
+            .unwrap()
+            .with_logit_bias(bias)
+            .unwrap()
+            .sample(&l, 0)
+    };
+    assert_eq!(greedy(&[]), 1);
+    // A bias moves the argmax; -inf bans; a token listed twice gets both biases.
+    assert_eq!(greedy(&[(3, 2.6)]), 3);
+    assert_eq!(greedy(&[(1, f32::NEG_INFINITY)]), 2);
+    assert_eq!(greedy(&[(0, 1.5), (0, 1.5)]), 0);
+    assert_eq!(greedy(&[(0, 1.5), (0, 1.5), (0, -1.5)]), 1);
+    // Every token banned: the argmax of nothing is token 0, never a panic.
+    let all: Vec<(u32, f32)> = (0..4).map(|t| (t, f32::NEG_INFINITY)).collect();
+    assert_eq!(greedy(&all), 0);
+    // Ids past the vocabulary are ignored.
+    assert_eq!(greedy(&[(4, 100.0), (u32::MAX, 100.0)]), 1);
+    // The distribution is the softmax of the biased logits.
+    let s = Sampler::new(unfiltered(7), &[])
+        .unwrap()
+        .with_logit_bias(&[(1, -2.0), (2, f32::NEG_INFINITY)])
+        .unwrap();
+    let biased = [1.0f32, 1.0, f32::NEG_INFINITY, 0.5];
+    let z: f32 = biased.iter().map(|x| x.exp()).sum();
+    let mut d = s.distribution(&l);
+    d.sort_by_key(|x| x.0);
+    assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 3]);
+    for (id, p) in d {
+        assert!(
+            (p - biased[id as usize].exp() / z).abs() < 1e-6,
+            "token {id}"
+        );
+    }
+    for pos in 0..200 {
+        assert_ne!(s.sample(&l, pos), 2);
+    }
+    // Kept by clones; a NaN bias is refused.
+    assert_eq!(s.clone().logit_bias(), s.logit_bias());
+    let err = Sampler::new(unfiltered(7), &[])
+        .unwrap()
+        .with_logit_bias(&[(0, f32::NAN)])
+        .unwrap_err();
+    assert!(err.to_string().contains("logit_bias"), "{err}");
+}
+
+#[test]
+fn logit_bias_applies_before_penalties() {
+    // llama.cpp runs the bias first: a positive biased logit is then divided by the repeat
+    // penalty, so the bias is divided too.
+    let params = SamplerParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 2.0,
+        repeat_last_n: 8,
+        seed: 0,
+        ..SamplerParams::default()
+    };
+    let l = [0.0f32, 1.0];
+    let s = Sampler::new(params, &[1])
+        .unwrap()
+        .with_logit_bias(&[(1, 3.0)])
+        .unwrap();
+    let mut d = s.distribution(&l);
+    d.sort_by_key(|x| x.0);
+    // Token 1: (1 + 3) / 2 = 2 (penalising first would give 1 / 2 + 3 = 3.5).
+    let want = 1.0 / (1.0 + (-2.0f32).exp());
+    assert!((d[1].1 - want).abs() < 1e-6, "{d:?}");
+}
+
 /// Empirical frequencies over 20k positions against the expected
 /// distribution. Deterministic (fixed seed); the tolerance is ~5 standard
 /// deviations, so it checks the mapping from uniforms to tokens, not luck.
@@ -515,8 +590,9 @@ proptest! {
         params in arb_params(),
         prompt in prop::collection::vec(0u32..70, 0..20),
         pos in any::<u64>(),
+        bias in prop::collection::vec((0u32..70, prop_oneof![4 => -30.0f32..30.0, 1 => Just(f32::NEG_INFINITY)]), 0..6),
     ) {
-        let s = Sampler::new(params, &prompt).unwrap();
+        let s = Sampler::new(params, &prompt).unwrap().with_logit_bias(&bias).unwrap();
         let dist = s.distribution(&l);
         let t = s.sample(&l, pos);
         prop_assert!(!dist.is_empty());

@@ -73,7 +73,16 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
 /// `GET /props`: server properties (llama-server's fields plus a `specd` object).
 pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
     let d = &st.cfg.defaults;
-    let settings = generation_settings(&st, &d.sampler, d.n_predict, &[], false, 0, &d.spec, false);
+    let settings = generation_settings(
+        &st,
+        &d.sampler,
+        d.n_predict,
+        &[],
+        d.ignore_eos,
+        0,
+        &d.spec,
+        false,
+    );
     let snap = st.sched.snapshot();
     let mem = &snap.memory;
     Json(json!({

@@ -3,7 +3,7 @@
 
 use crate::error::{ApiError, JsonBody};
 use crate::metrics::Timings;
-use crate::params::{parse_gen, Api, Fields, GenParams};
+use crate::params::{parse_gen, parse_logit_bias, parse_n_cmpl, Api, Fields, GenParams};
 use crate::scheduler::{Event, Job};
 use crate::AppState;
 use axum::extract::State;
@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
-use specd_sampling::{GrammarSpec, SamplerParams};
-use specd_spec::engine::TokenProbs;
+use specd_sampling::{GrammarSpec, SamplerParams, RANDOM_SEED};
+use specd_spec::engine::{logit_bias_with_eog, TokenProbs};
 use specd_spec::{
     DrafterKind, FinishReason, LiveTimings, PromptProgress, SeqOutput, SequenceRequest, SpecParams,
 };
@@ -86,7 +86,47 @@ fn settings_of(st: &AppState, g: &GenParams) -> Value {
         };
         o.insert(k.into(), val);
     }
+    v["post_sampling_probs"] = json!(g.post_sampling_probs);
     v
+}
+
+/// A request's generation parameters, with the fields that need the server: `logit_bias`
+/// (texts are tokenized) and `n_cmpl` / `n` (at most one completion per slot).
+fn gen_params(st: &AppState, f: &Fields, api: Api) -> Result<GenParams, ApiError> {
+    let mut g = parse_gen(f, &st.cfg.defaults, api)?;
+    let tok = st.model.tokenizer();
+    // A request's `logit_bias` replaces the command line's.
+    g.logit_bias = if f.get("logit_bias").is_some() {
+        parse_logit_bias(f, st.model.config().n_vocab, |text| {
+            tok.encode(text, false, false).map_err(|e| {
+                ApiError::invalid(format!("logit_bias: {e}")).with("param", "logit_bias")
+            })
+        })?
+    } else {
+        st.cfg.defaults.logit_bias.clone()
+    };
+    g.n_cmpl = parse_n_cmpl(f, st.cfg.n_parallel)?;
+    Ok(g)
+}
+
+/// The generations a request asks for: `n_cmpl` per prompt, prompt after prompt (llama-server's
+/// order, which numbers the results). A prompt's extra completions sample with seed + 1, + 2, …
+/// (a random seed stays random: each draws its own) and take any free slot, as llama-server's.
+fn tasks(prompts: Vec<Vec<u32>>, g: &GenParams) -> Vec<(Vec<u32>, GenParams)> {
+    let mut out = Vec::with_capacity(prompts.len() * g.n_cmpl);
+    for p in prompts {
+        for j in 0..g.n_cmpl {
+            let mut gj = g.clone();
+            if j > 0 {
+                if gj.sampler.seed != RANDOM_SEED {
+                    gj.sampler.seed = gj.sampler.seed.wrapping_add(j as u32);
+                }
+                gj.id_slot = None;
+            }
+            out.push((p.clone(), gj));
+        }
+    }
+    out
 }
 
 /// Whether a chat prompt ends with a generation prompt, and how its last message is continued
@@ -348,11 +388,9 @@ fn prepare(st: &AppState, prompt: Vec<u32>, g: &GenParams) -> Result<SequenceReq
     r.ignore_eos = g.ignore_eos;
     r.stop = g.stop.clone();
     r.spec = g.spec.clone();
-    r.n_probs = if g.logprobs || g.n_probs > 0 {
-        g.n_probs.max(1)
-    } else {
-        0
-    };
+    r.n_probs = g.n_probs;
+    r.post_sampling_probs = g.post_sampling_probs;
+    r.logit_bias = g.logit_bias.clone();
     r.grammar = g.grammar.clone();
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
@@ -564,73 +602,91 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
+/// A token's text and bytes as llama-server writes them: a multi-byte UTF-8 sequence cut off at
+/// the end of the text is dropped from it (the bytes keep it), other invalid bytes become U+FFFD.
 fn token_str(st: &AppState, id: u32) -> (String, Vec<u8>) {
     let b = st.model.tokenizer().token_to_bytes(id).to_vec();
-    (String::from_utf8_lossy(&b).into_owned(), b)
+    let text = String::from_utf8_lossy(&b[..complete_utf8_len(&b)]).into_owned();
+    (text, b)
 }
 
-/// llama.cpp `completion_probabilities` entries.
-fn llama_probs(st: &AppState, probs: &[TokenProbs], n_top: usize) -> Vec<Value> {
-    probs
-        .iter()
-        .map(|p| {
-            let (t, b) = token_str(st, p.token);
-            let top: Vec<Value> = p
-                .top
-                .iter()
-                .take(n_top)
-                .map(|&(id, lp)| {
-                    let (t, b) = token_str(st, id);
-                    json!({"id": id, "token": t, "bytes": b, "logprob": lp})
-                })
-                .collect();
-            json!({"id": p.token, "token": t, "bytes": b, "logprob": p.logprob, "top_logprobs": top})
-        })
-        .collect()
-}
-
-/// OpenAI chat `logprobs.content` entries.
-fn chat_logprobs(st: &AppState, probs: &[TokenProbs], n_top: usize) -> Vec<Value> {
-    probs
-        .iter()
-        .map(|p| {
-            let (t, b) = token_str(st, p.token);
-            let top: Vec<Value> = p
-                .top
-                .iter()
-                .take(n_top)
-                .map(|&(id, lp)| {
-                    let (t, b) = token_str(st, id);
-                    json!({"token": t, "logprob": lp, "bytes": b})
-                })
-                .collect();
-            json!({"token": t, "logprob": p.logprob, "bytes": b, "top_logprobs": top})
-        })
-        .collect()
-}
-
-/// OpenAI legacy completions `logprobs` object.
-fn completion_logprobs(st: &AppState, probs: &[TokenProbs], n_top: usize, offset0: usize) -> Value {
-    let mut tokens = Vec::new();
-    let mut lps = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
-    let mut off = offset0;
-    for p in probs {
-        let (t, _) = token_str(st, p.token);
-        offsets.push(off);
-        off += t.len();
-        tokens.push(t);
-        lps.push(p.logprob);
-        let m: serde_json::Map<String, Value> = p
-            .top
-            .iter()
-            .take(n_top)
-            .map(|&(id, lp)| (token_str(st, id).0, json!(lp)))
-            .collect();
-        tops.push(Value::Object(m));
+/// Length of `b` without a multi-byte UTF-8 sequence cut off at its end (llama-server's
+/// `validate_utf8`: the last four bytes are checked for a lead byte missing continuations).
+fn complete_utf8_len(b: &[u8]) -> usize {
+    for i in 1..=b.len().min(4) {
+        let c = b[b.len() - i];
+        let len = match c {
+            _ if c & 0xE0 == 0xC0 => 2,
+            _ if c & 0xF0 == 0xE0 => 3,
+            _ if c & 0xF8 == 0xF0 => 4,
+            _ => continue,
+        };
+        if i < len {
+            return b.len() - i;
+        }
     }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    b.len()
+}
+
+/// llama-server's probabilities of generated tokens (`completion_probabilities`, and the
+/// `content` of OpenAI `logprobs`): per token its `id`, `token`, `bytes` and log-probability
+/// (`logprob`, `top_logprobs`) under the raw model, or with `post_sampling_probs` its
+/// probability (`prob`, `top_probs`) under the sampler's final distribution.
+fn probs_json(st: &AppState, probs: &[TokenProbs], post_sampling: bool) -> Vec<Value> {
+    let (key, top_key) = if post_sampling {
+        ("prob", "top_probs")
+    } else {
+        ("logprob", "top_logprobs")
+    };
+    let entry = |id: u32, logprob: f32| {
+        let (t, b) = token_str(st, id);
+        let v: f32 = if post_sampling {
+            f64::from(logprob).exp() as f32
+        } else if logprob == f32::NEG_INFINITY {
+            // JSON has no -inf: llama-server writes the lowest float.
+            f32::MIN
+        } else {
+            logprob
+        };
+        let mut m = serde_json::Map::new();
+        m.insert("id".into(), id.into());
+        m.insert("token".into(), t.into());
+        m.insert("bytes".into(), b.into());
+        m.insert(key.into(), Value::from(v));
+        m
+    };
+    probs
+        .iter()
+        .map(|p| {
+            let mut e = entry(p.token, p.logprob);
+            let top = p.top.iter().map(|&(id, lp)| Value::Object(entry(id, lp)));
+            e.insert(top_key.into(), top.collect());
+            Value::Object(e)
+        })
+        .collect()
+}
+
+/// The `logprobs` of an OpenAI choice: `{"content": [...]}` when probabilities were asked for
+/// and there are some.
+fn oai_logprobs(st: &AppState, probs: &[TokenProbs], g: &ProbsAsked) -> Option<Value> {
+    (g.n_probs > 0 && !probs.is_empty())
+        .then(|| json!({"content": probs_json(st, probs, g.post_sampling)}))
+}
+
+/// Which probabilities a response reports.
+#[derive(Clone, Copy)]
+struct ProbsAsked {
+    n_probs: usize,
+    post_sampling: bool,
+}
+
+impl ProbsAsked {
+    fn of(g: &GenParams) -> Self {
+        ProbsAsked {
+            n_probs: g.n_probs,
+            post_sampling: g.post_sampling_probs,
+        }
+    }
 }
 
 /// OpenAI `usage`, counted as llama-server counts: every prompt token (cached ones included),
@@ -647,13 +703,13 @@ fn usage(out: &SeqOutput) -> Value {
 /// The final llama-server object of a generation (`/completion`, and `__verbose`).
 type FullFn = Box<dyn Fn(&SeqOutput) -> Value + Send>;
 
-/// What a streamed response looks like, per API. Each shape holds one generation; `index`
-/// tells the generations of a multi-prompt request apart.
+/// What a streamed response looks like, per API. Each shape holds one generation; `index`, its
+/// place among the request's (prompts × `n_cmpl`), tells the generations apart in every chunk.
 enum Shape {
     Llama {
         index: usize,
         slot: usize,
-        n_probs: usize,
+        probs: ProbsAsked,
         n_prompt: usize,
         n_decoded: usize,
         full: FullFn,
@@ -664,18 +720,18 @@ enum Shape {
         id: String,
         created: u64,
         model: String,
-        logprobs: Option<usize>,
-        offset: usize,
+        probs: ProbsAsked,
         n_prompt: usize,
         n_decoded: usize,
         /// With `verbose`: the final object for `__verbose`.
         verbose: Option<FullFn>,
     },
     OaiChat {
+        index: usize,
         id: String,
         created: u64,
         model: String,
-        logprobs: Option<usize>,
+        probs: ProbsAsked,
         include_usage: bool,
         started: bool,
         verbose: Option<FullFn>,
@@ -717,15 +773,16 @@ impl Shape {
             Shape::Llama {
                 index,
                 slot,
-                n_probs,
+                probs: asked,
                 n_prompt,
                 n_decoded,
                 ..
             } => {
                 *n_decoded += tokens.len();
                 let mut v = llama_partial(*index, *slot, &text, &tokens, *n_decoded, *n_prompt);
-                if *n_probs > 0 {
-                    v["completion_probabilities"] = json!(llama_probs(st, probs, *n_probs));
+                if asked.n_probs > 0 && !probs.is_empty() {
+                    v["completion_probabilities"] =
+                        json!(probs_json(st, probs, asked.post_sampling));
                 }
                 if let Some(t) = live {
                     v["timings"] = timings_json(t);
@@ -738,15 +795,13 @@ impl Shape {
                 id,
                 created,
                 model,
-                logprobs,
-                offset,
+                probs: asked,
                 n_prompt,
                 n_decoded,
                 verbose,
             } => {
                 *n_decoded += tokens.len();
-                let lp = logprobs.map(|n| completion_logprobs(st, probs, n, *offset));
-                *offset += text.len();
+                let lp = oai_logprobs(st, probs, asked);
                 let mut v = json!({
                     "id": id, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"text": text, "index": index, "logprobs": lp, "finish_reason": null}],
@@ -761,34 +816,35 @@ impl Shape {
                 vec![v.to_string()]
             }
             Shape::OaiChat {
+                index,
                 id,
                 created,
                 model,
-                logprobs,
+                probs: asked,
                 started,
                 ..
             } => {
                 let mut out = Vec::new();
-                let head = |delta: Value, lp: Value| {
+                let head = |delta: Value, lp: Option<Value>| {
+                    let mut choice = json!({"index": index, "delta": delta, "finish_reason": null});
+                    // llama-server names `logprobs` only in chunks that carry some.
+                    if let Some(lp) = lp {
+                        choice["logprobs"] = lp;
+                    }
                     json!({
                         "id": id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "system_fingerprint": fingerprint(),
-                        "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}],
+                        "model": model, "system_fingerprint": fingerprint(), "choices": [choice],
                     })
                 };
                 if !*started {
                     *started = true;
-                    out.push(head(
-                        json!({"role": "assistant", "content": null}),
-                        Value::Null,
-                    ));
+                    out.push(head(json!({"role": "assistant", "content": null}), None));
                 }
                 if !text.is_empty() || !probs.is_empty() {
-                    let lp = logprobs.map_or(
-                        Value::Null,
-                        |n| json!({"content": chat_logprobs(st, probs, n)}),
-                    );
-                    out.push(head(json!({"content": text}), lp));
+                    out.push(head(
+                        json!({"content": text}),
+                        oai_logprobs(st, probs, asked),
+                    ));
                 }
                 // Timings ride on the last chunk of the token (llama-server).
                 if let (Some(t), Some(last)) = (live, out.last_mut()) {
@@ -821,12 +877,16 @@ impl Shape {
             }),
             // llama-server sends each progress report as a role chunk.
             Shape::OaiChat {
-                id, created, model, ..
+                index,
+                id,
+                created,
+                model,
+                ..
             } => json!({
                 "id": id, "object": "chat.completion.chunk", "created": created,
                 "model": model, "system_fingerprint": fingerprint(),
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": null},
-                             "logprobs": null, "finish_reason": null}],
+                "choices": [{"index": index, "delta": {"role": "assistant", "content": null},
+                             "finish_reason": null}],
             }),
         };
         if with_timings {
@@ -836,8 +896,8 @@ impl Shape {
         vec![v.to_string()]
     }
 
-    /// Payloads for the end of the generation (without the stream's closing `[DONE]`);
-    /// `per_token`: the request asked for `timings_per_token`.
+    /// Payloads for the end of the generation (the stream's `[DONE]` comes after all of the
+    /// request's generations); `per_token`: the request asked for `timings_per_token`.
     fn done(&mut self, st: &AppState, out: &SeqOutput, per_token: bool) -> Vec<String> {
         // llama-server streams the end-of-generation token as a chunk of its own.
         let live = per_token.then(|| out.timings());
@@ -876,6 +936,7 @@ impl Shape {
                 v.push(c.to_string());
             }
             Shape::OaiChat {
+                index,
                 id,
                 created,
                 model,
@@ -895,11 +956,11 @@ impl Shape {
                 if !*started {
                     *started = true;
                     cs.push(chunk(
-                        json!([{"index": 0, "delta": {"role": "assistant", "content": null},
-                                "logprobs": null, "finish_reason": null}]),
+                        json!([{"index": index, "delta": {"role": "assistant", "content": null},
+                                "finish_reason": null}]),
                     ));
                 }
-                let mut fin = chunk(json!([{"index": 0, "delta": {}, "logprobs": null,
+                let mut fin = chunk(json!([{"index": index, "delta": {},
                             "finish_reason": finish_reason(out.reason)}]));
                 if let Some(f) = verbose {
                     fin["__verbose"] = f(out);
@@ -925,9 +986,13 @@ fn fingerprint() -> String {
     format!("specd-{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// One generation's stream of SSE payloads; dropping it (the client went away) drops the
-/// event receiver, which cancels the slot.
-fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = Vec<String>> {
+/// One generation's SSE payloads as a stream: `(payloads, failed)` per event, ending after its
+/// last. Dropping it (the client went away) drops the event receiver, which cancels the slot.
+fn payloads(
+    st: Arc<AppState>,
+    r: Running,
+    shape: Shape,
+) -> impl Stream<Item = (Vec<String>, bool)> + Send {
     struct S {
         st: Arc<AppState>,
         r: Running,
@@ -950,11 +1015,11 @@ fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = V
                         .shape
                         .chunk(&s.st, tokens, text, &probs, timings.as_deref());
                     if !p.is_empty() {
-                        return Some((p, Some(s)));
+                        return Some(((p, false), Some(s)));
                     }
                 }
                 Some(Event::Progress(p)) => {
-                    return Some((s.shape.progress(&p, s.r.timings), Some(s)))
+                    return Some(((s.shape.progress(&p, s.r.timings), false), Some(s)))
                 }
                 Some(Event::Done(out)) => {
                     let mut out = *out;
@@ -962,10 +1027,10 @@ fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = V
                         hide_zero(&mut out);
                     }
                     let p = s.shape.done(&s.st, &out, s.r.timings);
-                    return Some((p, None));
+                    return Some(((p, false), None));
                 }
                 Some(Event::Failed(e)) => {
-                    return Some((vec![json!({"error": e.object()}).to_string()], None))
+                    return Some(((vec![json!({"error": e.object()}).to_string()], true), None))
                 }
                 Some(Event::Started { slot, .. }) => {
                     s.r.slot = slot;
@@ -973,22 +1038,30 @@ fn payloads(st: Arc<AppState>, r: Running, shape: Shape) -> impl Stream<Item = V
                 }
                 None => {
                     let e = ApiError::server("the engine dropped the request");
-                    return Some((vec![json!({"error": e.object()}).to_string()], None));
+                    return Some(((vec![json!({"error": e.object()}).to_string()], true), None));
                 }
             }
         }
     })
 }
 
-/// Streams generations as server-sent events (several prompts: interleaved as they come, told
-/// apart by `index`), closed by `[DONE]` for the OpenAI APIs.
+/// Streams generations as server-sent events, their chunks interleaved as they come (each
+/// names its `index`); OpenAI streams end with `[DONE]` once all have finished. The first error
+/// ends the stream. Dropping the stream (the client went away) drops the event receivers,
+/// which cancels the slots.
 fn sse(st: Arc<AppState>, runs: Vec<(Running, Shape)>, done_marker: bool) -> Response {
-    let all = stream::select_all(
+    let merged = stream::select_all(
         runs.into_iter()
             .map(|(r, shape)| Box::pin(payloads(st.clone(), r, shape))),
     );
-    let tail = stream::iter(done_marker.then(|| vec!["[DONE]".to_string()]));
-    let events = all.chain(tail).flat_map(|payloads| {
+    let events = stream::unfold(Some(merged), move |state| async move {
+        let mut merged = state?;
+        match merged.next().await {
+            Some((p, failed)) => Some((p, (!failed).then_some(merged))),
+            None => done_marker.then(|| (vec!["[DONE]".to_string()], None)),
+        }
+    });
+    let events = events.flat_map(|payloads| {
         stream::iter(
             payloads
                 .into_iter()
@@ -1027,6 +1100,14 @@ fn llama_full(
         tokens.extend(out.eog);
     }
     let n_decoded = out.n_decoded();
+    let mut settings = settings_of(st, g);
+    // The biases the sampler used: the request's, then ignore_eos's bans (llama-server shows
+    // them here only, not in /slots).
+    let eog = st.model.tokenizer().eog_ids();
+    settings["logit_bias"] = logit_bias_with_eog(&g.logit_bias, g.ignore_eos, eog)
+        .into_iter()
+        .map(|(t, b)| json!({"bias": b, "token": t}))
+        .collect();
     let mut v = json!({
         "index": index,
         "content": if streamed { "" } else { out.text.as_str() },
@@ -1037,7 +1118,7 @@ fn llama_full(
         "tokens_predicted": n_decoded,
         "tokens_evaluated": out.n_prompt,
         "tokens_cached": (out.n_prompt + n_decoded).saturating_sub(usize::from(n_decoded > 0)),
-        "generation_settings": settings_of(st, g),
+        "generation_settings": settings,
         "prompt": st.model.tokenizer().decode(prompt, true).unwrap_or_default(),
         "has_new_line": out.text.contains('\n'),
         "truncated": out.reason == FinishReason::Context,
@@ -1045,8 +1126,8 @@ fn llama_full(
         "stopping_word": out.stop_word.clone().unwrap_or_default(),
     });
     add_timings(&mut v, out);
-    if g.n_probs > 0 && !streamed {
-        v["completion_probabilities"] = json!(llama_probs(st, &out.probs, g.n_probs));
+    if g.n_probs > 0 && !streamed && !out.probs.is_empty() {
+        v["completion_probabilities"] = json!(probs_json(st, &out.probs, g.post_sampling_probs));
     }
     v
 }
@@ -1057,20 +1138,20 @@ fn full_fn(st: &Arc<AppState>, g: &GenParams, index: usize, r: &Running, streame
     Box::new(move |out: &SeqOutput| llama_full(&st, &g, index, slot, &prompt, out, streamed))
 }
 
-/// Submits every prompt of a streamed request: the first one is waited for, so that a request
-/// that cannot start gets an error status instead of a stream.
+/// Submits every generation of a streamed request: the first one is waited for, so that a
+/// request that cannot start gets an error status instead of a stream (llama-server waits for
+/// its first result); the others take their slots as they free up.
 async fn start_streams(
     st: &Arc<AppState>,
-    prompts: Vec<Vec<u32>>,
-    g: &GenParams,
+    tasks: &[(Vec<u32>, GenParams)],
     x: Extras,
 ) -> Result<Vec<Running>, ApiError> {
-    let mut runs = Vec::with_capacity(prompts.len());
-    for (i, p) in prompts.into_iter().enumerate() {
+    let mut runs = Vec::with_capacity(tasks.len());
+    for (i, (p, g)) in tasks.iter().enumerate() {
         runs.push(if i == 0 {
-            start(st, p, g, x).await?
+            start(st, p.clone(), g, x).await?
         } else {
-            submit(st, p, g, x).await?
+            submit(st, p.clone(), g, x).await?
         });
     }
     Ok(runs)
@@ -1083,34 +1164,36 @@ pub async fn completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBod
 
 async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::Llama)?;
+    let g = gen_params(&st, &f, Api::Llama)?;
     let x = Extras::of(&st, &f, &g)?;
-    let prompts = parse_prompts(&st, &f)?;
+    let tasks = tasks(parse_prompts(&st, &f)?, &g);
     if g.stream {
-        let runs = start_streams(&st, prompts, &g, x).await?;
+        let runs = start_streams(&st, &tasks, x).await?;
         let runs = runs
             .into_iter()
+            .zip(&tasks)
             .enumerate()
-            .map(|(index, r)| {
-                // A later prompt's slot is known when it starts (the shape is told then).
+            .map(|(index, (r, (_, g)))| {
+                // A later generation's slot is known when it starts (the shape is told then).
                 let shape = Shape::Llama {
                     index,
                     slot: r.slot,
-                    n_probs: g.n_probs,
+                    probs: ProbsAsked::of(g),
                     n_prompt: r.prompt.len(),
                     n_decoded: 0,
-                    full: full_fn(&st, &g, index, &r, true),
+                    full: full_fn(&st, g, index, &r, true),
                 };
                 (r, shape)
             })
             .collect();
         return Ok(sse(st, runs, false));
     }
-    let results = run_all(&st, prompts, &g, x).await?;
+    let results = run_all(&st, &tasks, x).await?;
     let mut v: Vec<Value> = results
         .iter()
+        .zip(&tasks)
         .enumerate()
-        .map(|(i, (out, r))| llama_full(&st, &g, i, r.slot, &r.prompt, out, false))
+        .map(|(i, ((out, r), (_, g)))| llama_full(&st, g, i, r.slot, &r.prompt, out, false))
         .collect();
     Ok(if v.len() == 1 {
         Json(v.remove(0)).into_response()
@@ -1119,15 +1202,14 @@ async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, Ap
     })
 }
 
-/// Runs several prompts at once (they share the engine's batches) and waits for all.
+/// Runs every generation at once (they share the engine's batches) and waits for all.
 async fn run_all(
     st: &Arc<AppState>,
-    prompts: Vec<Vec<u32>>,
-    g: &GenParams,
+    tasks: &[(Vec<u32>, GenParams)],
     x: Extras,
 ) -> Result<Vec<(SeqOutput, Running)>, ApiError> {
-    let runs = futures_util::future::join_all(prompts.into_iter().map(|p| async move {
-        let r = start(st, p, g, x).await?;
+    let runs = futures_util::future::join_all(tasks.iter().map(|(p, g)| async move {
+        let r = start(st, p.clone(), g, x).await?;
         finish(r).await
     }))
     .await;
@@ -1141,34 +1223,34 @@ pub async fn oai_completion(State(st): State<Arc<AppState>>, JsonBody(body): Jso
 
 async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::OaiCompletion)?;
+    let g = gen_params(&st, &f, Api::OaiCompletion)?;
     let x = Extras::of(&st, &f, &g)?;
     let prompts = parse_prompts(&st, &f)?;
     let echo = f.bool("echo")?.unwrap_or(false);
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = response_id("cmpl");
     let created = unix_now();
-    let logprobs = g.logprobs.then_some(g.n_probs);
+    let tasks = tasks(prompts, &g);
     if g.stream {
         if echo {
             return Err(
                 ApiError::invalid("'echo' is not supported with streaming").with("param", "echo")
             );
         }
-        let runs = start_streams(&st, prompts, &g, x).await?;
+        let runs = start_streams(&st, &tasks, x).await?;
         let runs = runs
             .into_iter()
+            .zip(&tasks)
             .enumerate()
-            .map(|(index, r)| {
-                let verbose = x.verbose.then(|| full_fn(&st, &g, index, &r, true));
+            .map(|(index, (r, (_, g)))| {
+                let verbose = x.verbose.then(|| full_fn(&st, g, index, &r, true));
                 let shape = Shape::OaiCompletion {
                     index,
                     slot: r.slot,
                     id: id.clone(),
                     created,
                     model: model.clone(),
-                    logprobs,
-                    offset: 0,
+                    probs: ProbsAsked::of(g),
                     n_prompt: r.prompt.len(),
                     n_decoded: 0,
                     verbose,
@@ -1178,26 +1260,21 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
             .collect();
         return Ok(sse(st, runs, true));
     }
-    let results = run_all(&st, prompts, &g, x).await?;
+    let results = run_all(&st, &tasks, x).await?;
     let tok = st.model.tokenizer();
     let mut choices = Vec::new();
-    let (mut n_prompt, mut n_gen, mut n_cached) = (0, 0, 0);
-    for (i, (out, r)) in results.iter().enumerate() {
+    for (i, ((out, r), (_, g))) in results.iter().zip(&tasks).enumerate() {
         let prefix = if echo {
             tok.decode(&r.prompt, false).unwrap_or_default()
         } else {
             String::new()
         };
-        let lp = logprobs.map(|n| completion_logprobs(&st, &out.probs, n, prefix.len()));
         choices.push(json!({
             "text": format!("{prefix}{}", out.text),
             "index": i,
-            "logprobs": lp,
+            "logprobs": oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)),
             "finish_reason": finish_reason(out.reason),
         }));
-        n_prompt += out.n_prompt;
-        n_gen += out.n_decoded();
-        n_cached += out.n_cached;
     }
     let mut v = json!({
         "id": id,
@@ -1206,20 +1283,13 @@ async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response
         "model": model,
         "system_fingerprint": fingerprint(),
         "choices": choices,
-        // Summed over the prompts (llama-server reports the first prompt's only).
-        "usage": {
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_gen,
-            "total_tokens": n_prompt + n_gen,
-            "prompt_tokens_details": {"cached_tokens": n_cached},
-        },
     });
-    if let Some((out, _)) = results.first() {
+    // llama-server answers several generations with the first one's usage and timings.
+    if let Some(((out, r), (_, g))) = results.iter().zip(&tasks).next() {
+        v["usage"] = usage(out);
         add_timings(&mut v, out);
-    }
-    if x.verbose {
-        if let Some((out, r)) = results.first() {
-            v["__verbose"] = llama_full(&st, &g, 0, r.slot, &r.prompt, out, false);
+        if x.verbose {
+            v["__verbose"] = llama_full(&st, g, 0, r.slot, &r.prompt, out, false);
         }
     }
     Ok(Json(v).into_response())
@@ -1238,7 +1308,7 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = parse_gen(&f, &st.cfg.defaults, Api::OaiChat)?;
+    let g = gen_params(&st, &f, Api::OaiChat)?;
     let x = Extras::of(&st, &f, &g)?;
     let prompt = chat_prompt(&st, &f)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
@@ -1248,43 +1318,63 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
     };
     let id = response_id("chatcmpl");
     let created = unix_now();
-    let logprobs = g.logprobs.then_some(g.n_probs);
-    let r = start(&st, prompt, &g, x).await?;
+    let tasks = tasks(vec![prompt], &g);
     if g.stream {
-        let verbose = x.verbose.then(|| full_fn(&st, &g, 0, &r, true));
-        let shape = Shape::OaiChat {
-            id,
-            created,
-            model,
-            logprobs,
-            include_usage,
-            started: false,
-            verbose,
-        };
-        return Ok(sse(st, vec![(r, shape)], true));
+        let runs = start_streams(&st, &tasks, x).await?;
+        let runs = runs
+            .into_iter()
+            .zip(&tasks)
+            .enumerate()
+            .map(|(index, (r, (_, g)))| {
+                let verbose = x.verbose.then(|| full_fn(&st, g, index, &r, true));
+                let shape = Shape::OaiChat {
+                    index,
+                    id: id.clone(),
+                    created,
+                    model: model.clone(),
+                    probs: ProbsAsked::of(g),
+                    include_usage,
+                    started: false,
+                    verbose,
+                };
+                (r, shape)
+            })
+            .collect();
+        return Ok(sse(st, runs, true));
     }
-    let (out, r) = finish(r).await?;
-    let lp = logprobs.map_or(
-        Value::Null,
-        |n| json!({"content": chat_logprobs(&st, &out.probs, n)}),
-    );
+    let results = run_all(&st, &tasks, x).await?;
+    let choices: Vec<Value> = results
+        .iter()
+        .zip(&tasks)
+        .enumerate()
+        .map(|(index, ((out, _), (_, g)))| {
+            let mut choice = json!({
+                "index": index,
+                "message": {"role": "assistant", "content": out.text},
+                "finish_reason": finish_reason(out.reason),
+            });
+            // llama-server names `logprobs` only when it has some.
+            if let Some(lp) = oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)) {
+                choice["logprobs"] = lp;
+            }
+            choice
+        })
+        .collect();
     let mut v = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint(),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": lp,
-            "finish_reason": finish_reason(out.reason),
-        }],
-        "usage": usage(&out),
+        "choices": choices,
     });
-    add_timings(&mut v, &out);
-    if x.verbose {
-        v["__verbose"] = llama_full(&st, &g, 0, r.slot, &r.prompt, &out, false);
+    // llama-server answers several choices with the first one's usage and timings.
+    if let Some(((out, r), (_, g))) = results.iter().zip(&tasks).next() {
+        v["usage"] = usage(out);
+        add_timings(&mut v, out);
+        if x.verbose {
+            v["__verbose"] = llama_full(&st, g, 0, r.slot, &r.prompt, out, false);
+        }
     }
     Ok(Json(v).into_response())
 }

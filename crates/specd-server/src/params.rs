@@ -116,6 +116,10 @@ pub struct Defaults {
     pub cache_prompt: bool,
     /// Grammar of requests that give none (`--grammar`, `--json-schema`).
     pub grammar: Option<GrammarSpec>,
+    /// `ignore_eos` default (`--ignore-eos`).
+    pub ignore_eos: bool,
+    /// Logit biases of requests that give no `logit_bias` (`--logit-bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// What a request asks of a generation, besides its prompt.
@@ -126,11 +130,17 @@ pub struct GenParams {
     pub n_predict: Option<usize>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
-    /// Top log-probabilities to report per token (0 = none).
+    /// Top probabilities to report per token (0 = none): llama.cpp `n_probs`, OpenAI `logprobs`.
     pub n_probs: usize,
-    /// Report the chosen tokens' log-probabilities (OpenAI `logprobs: true` with
-    /// `top_logprobs: 0` still reports the chosen token's).
-    pub logprobs: bool,
+    /// Report probabilities after the sampler chain (`prob`, `top_probs`) instead of the raw
+    /// model's log-probabilities (`logprob`, `top_logprobs`).
+    pub post_sampling_probs: bool,
+    /// `(token, bias)` pairs of `logit_bias` (see [`parse_logit_bias`]; filled by the caller,
+    /// which knows the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Completions per prompt (`n_cmpl`, alias `n`; see [`parse_n_cmpl`]; 1 unless the caller
+    /// reads it).
+    pub n_cmpl: usize,
     pub spec: SpecParams,
     pub stream: bool,
     pub cache_prompt: bool,
@@ -211,38 +221,36 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
     }
 
     let stop = f.strings("stop")?.unwrap_or_default();
-    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(d.ignore_eos);
 
-    // Log-probabilities: llama.cpp n_probs; OpenAI chat logprobs (bool) + top_logprobs;
-    // OpenAI completions logprobs (int).
-    let mut n_probs = f.usize("n_probs")?.unwrap_or(0);
-    let mut logprobs = n_probs > 0;
-    match api {
-        Api::OaiChat => {
-            if f.bool("logprobs")?.unwrap_or(false) {
-                logprobs = true;
-                n_probs = f.usize("top_logprobs")?.unwrap_or(0);
-                if n_probs > 20 {
-                    return Err(type_error("top_logprobs", "an integer in [0, 20]"));
-                }
-            } else if f.get("top_logprobs").is_some() {
-                return Err(
-                    ApiError::invalid("'top_logprobs' requires 'logprobs' to be true")
-                        .with("param", "top_logprobs"),
-                );
-            }
+    // Probabilities, as llama-server reads them: `n_probs`, else its alias `logprobs` (OpenAI
+    // completions' integer); OpenAI chat's `logprobs: true` asks for `top_logprobs` (20 when
+    // absent). Numbers are truncated, booleans count 0 / 1, and 0 or less reports none.
+    let count = |key: &str| -> Result<Option<i64>, ApiError> {
+        match f.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(i64::from(*b))),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x.clamp(i64::MIN as f64, i64::MAX as f64) as i64))
+                .ok_or_else(|| type_error(key, "a number")),
         }
-        Api::OaiCompletion => {
-            if let Some(n) = f.usize("logprobs")? {
-                logprobs = true;
-                n_probs = n;
-            }
+    };
+    let mut n_probs = match count("n_probs")? {
+        Some(n) => Some(n),
+        None => count("logprobs")?,
+    };
+    if api == Api::OaiChat {
+        if f.get("logprobs") == Some(&Value::Bool(true)) {
+            n_probs = Some(count("top_logprobs")?.unwrap_or(20));
+        } else if f.get("top_logprobs").is_some() {
+            return Err(
+                ApiError::invalid("top_logprobs requires logprobs to be set to true")
+                    .with("param", "top_logprobs"),
+            );
         }
-        Api::Llama => {}
     }
-    if n_probs > 100 {
-        return Err(type_error("n_probs", "an integer in [0, 100]"));
-    }
+    let n_probs = usize::try_from(n_probs.unwrap_or(0)).unwrap_or(0);
 
     reject_unsupported(f)?;
     let spec = parse_spec(f, &d.spec)?;
@@ -252,20 +260,15 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         Some(i) if i >= 0 => Some(i as usize),
         Some(_) => return Err(type_error("id_slot", "-1 (any) or a slot index")),
     };
-    if let Some(n) = f.i64("n")? {
-        if n != 1 {
-            return Err(
-                ApiError::invalid("only one choice ('n': 1) is supported").with("param", "n")
-            );
-        }
-    }
     Ok(GenParams {
         sampler: s,
         n_predict,
         stop,
         ignore_eos,
         n_probs,
-        logprobs,
+        post_sampling_probs: f.bool("post_sampling_probs")?.unwrap_or(false),
+        logit_bias: Vec::new(),
+        n_cmpl: 1,
         spec,
         stream: f.bool("stream")?.unwrap_or(false),
         cache_prompt: f.bool("cache_prompt")?.unwrap_or(d.cache_prompt),
@@ -292,28 +295,107 @@ fn reject_unsupported(f: &Fields) -> Result<(), ApiError> {
             .with("param", key));
         }
     }
-    if f.i64("n_cmpl")?.is_some_and(|n| n > 1) {
-        return Err(
-            ApiError::invalid("only one completion per prompt ('n_cmpl': 1) is supported")
-                .with("param", "n_cmpl"),
-        );
-    }
     if f.f64("top_n_sigma")?.is_some_and(|v| v > 0.0) {
         return Err(ApiError::invalid("'top_n_sigma' is not supported by specd")
             .with("param", "top_n_sigma"));
     }
-    let bias_set = match f.get("logit_bias") {
-        None => false,
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-        Some(_) => true,
-    };
-    if bias_set {
-        return Err(
-            ApiError::invalid("'logit_bias' is not supported by specd").with("param", "logit_bias")
-        );
-    }
     Ok(())
+}
+
+/// `logit_bias` as llama-server reads it: an object of token → bias (OpenAI) or a list of
+/// `[token, bias]` pairs. A token is an id (a key that is a whole decimal number, as C's
+/// `strtol` reads it: leading blanks and a sign allowed; ids outside `[0, n_vocab)` are
+/// dropped) or a text whose every token gets the bias (`tokenize`: no BOS, special tokens as
+/// plain text). A bias is a number or `false` ("never": -inf). Entries of any other form are
+/// skipped, and a `logit_bias` that is neither object nor list means none, as in llama-server.
+pub fn parse_logit_bias(
+    f: &Fields,
+    n_vocab: usize,
+    tokenize: impl Fn(&str) -> Result<Vec<u32>, ApiError>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bias_of = |v: &Value| match v {
+        Value::Bool(false) => Some(f32::NEG_INFINITY),
+        v => v.as_f64().map(|b| b as f32),
+    };
+    let id = |i: i64| u32::try_from(i).ok().filter(|&t| (t as usize) < n_vocab);
+    let mut out = Vec::new();
+    match f.get("logit_bias") {
+        Some(Value::Array(entries)) => {
+            for e in entries {
+                let Some([token, bias]) = e.as_array().map(Vec::as_slice) else {
+                    continue;
+                };
+                let Some(b) = bias_of(bias) else { continue };
+                match token {
+                    Value::Number(n) if n.is_i64() || n.is_u64() => {
+                        if let Some(t) = n.as_i64().and_then(id) {
+                            out.push((t, b));
+                        }
+                    }
+                    Value::String(text) => out.extend(tokenize(text)?.into_iter().map(|t| (t, b))),
+                    _ => {}
+                }
+            }
+        }
+        Some(Value::Object(entries)) => {
+            for (key, bias) in entries {
+                let Some(b) = bias_of(bias) else { continue };
+                match strtol_whole(key) {
+                    Some(i) => out.extend(id(i).map(|t| (t, b))),
+                    None => out.extend(tokenize(key)?.into_iter().map(|t| (t, b))),
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(out)
+}
+
+/// The number C's `strtol(key, &end, 10)` reads when it consumes the whole key (llama-server's
+/// test for "this key is a token id"): leading blanks, an optional sign, decimal digits. The
+/// empty key reads as 0 (nothing to consume); values past `i64` saturate.
+fn strtol_whole(key: &str) -> Option<i64> {
+    if key.is_empty() {
+        return Some(0);
+    }
+    let rest = key.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (neg, digits) = match rest.as_bytes().first() {
+        Some(b'-') => (true, &rest[1..]),
+        Some(b'+') => (false, &rest[1..]),
+        _ => (false, rest),
+    };
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let v = digits.bytes().fold(0i64, |acc, c| {
+        acc.saturating_mul(10).saturating_add(i64::from(c - b'0'))
+    });
+    Some(if neg { -v } else { v })
+}
+
+/// `n_cmpl` (alias `n`, OpenAI's choices): completions per prompt, from 1 to the number of
+/// slots, as llama-server allows (each runs in its own slot). Numbers are truncated.
+pub fn parse_n_cmpl(f: &Fields, n_slots: usize) -> Result<usize, ApiError> {
+    let Some((key, v)) = ["n_cmpl", "n"]
+        .into_iter()
+        .find_map(|k| f.get(k).map(|v| (k, v)))
+    else {
+        return Ok(1);
+    };
+    let n = match v {
+        Value::Bool(b) => i64::from(*b),
+        v => v
+            .as_f64()
+            .map(|x| x.clamp(i64::MIN as f64, i64::MAX as f64) as i64)
+            .ok_or_else(|| type_error(key, "a number"))?,
+    };
+    match usize::try_from(n) {
+        Ok(n) if (1..=n_slots).contains(&n) => Ok(n),
+        _ => Err(ApiError::invalid(format!(
+            "Field '{key}': Value must be between 1 <= value <= {n_slots}, but got {n}"
+        ))
+        .with("param", key)),
+    }
 }
 
 /// Per-request speculation: llama.cpp's flat `"speculative.n_max"` keys, or a nested
@@ -448,6 +530,8 @@ mod tests {
             },
             cache_prompt: true,
             grammar: None,
+            ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -530,7 +614,6 @@ mod tests {
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}});
         let g = parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).unwrap();
         assert_eq!(g.n_predict, Some(9));
-        assert!(g.logprobs);
         assert_eq!(g.n_probs, 2);
         assert_eq!(
             g.grammar,
@@ -539,7 +622,86 @@ mod tests {
         let body = json!({"response_format": {"type": "json_object"}});
         let g = parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).unwrap();
         assert_eq!(g.grammar, Some(GrammarSpec::JsonObject));
-        let body = json!({"n": 2});
-        assert!(parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).is_err());
+    }
+
+    #[test]
+    fn probability_counts_as_llama_server_reads_them() {
+        for (api, body, n) in [
+            (Api::OaiChat, json!({"logprobs": true}), 20),
+            (
+                Api::OaiChat,
+                json!({"logprobs": true, "top_logprobs": 0}),
+                0,
+            ),
+            (
+                Api::OaiChat,
+                json!({"logprobs": true, "top_logprobs": 150}),
+                150,
+            ),
+            (Api::OaiChat, json!({"logprobs": false, "n_probs": 2}), 2),
+            (Api::OaiChat, json!({"logprobs": 2}), 2),
+            (Api::OaiCompletion, json!({"logprobs": 3}), 3),
+            (Api::Llama, json!({"n_probs": 2.7}), 2),
+            (Api::Llama, json!({"n_probs": -1}), 0),
+            (Api::Llama, json!({"logprobs": true}), 1),
+        ] {
+            let g = parse_gen(&Fields::of(&body), &defaults(), api).unwrap();
+            assert_eq!(g.n_probs, n, "{body}");
+        }
+        let body = json!({"top_logprobs": 2});
+        let e = parse_gen(&Fields::of(&body), &defaults(), Api::OaiChat).unwrap_err();
+        assert!(e.message.contains("requires logprobs"), "{}", e.message);
+    }
+
+    #[test]
+    fn logit_bias_forms() {
+        // A stand-in tokenizer: one token per byte.
+        let tok = |s: &str| Ok(s.bytes().map(u32::from).collect::<Vec<u32>>());
+        let parse = |body: Value| parse_logit_bias(&Fields::of(&body), 300, tok).unwrap();
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(
+            parse(
+                json!({"logit_bias": [[5, -1.5], [" a", 2], [7, false], [299, 1], [300, 1],
+                [-1, 1], [1.5, 1], [[1], 1], [8, true], [9, "x"], [10], 11]})
+            ),
+            [(5, -1.5), (32, 2.0), (97, 2.0), (7, inf), (299, 1.0)]
+        );
+        assert_eq!(
+            parse(
+                json!({"logit_bias": {"5": -1, " 7": 1, "+8": 1, "-1": 3, "": 1, "ab": false,
+                "1e2": 2, "9": null, "300": 1}})
+            ),
+            // In the request's order, as llama-server lists them.
+            [
+                (5, -1.0),
+                (7, 1.0),
+                (8, 1.0),
+                (0, 1.0),
+                (97, inf),
+                (98, inf),
+                (49, 2.0),
+                (101, 2.0),
+                (50, 2.0)
+            ]
+        );
+        assert!(parse(json!({"logit_bias": "abc"})).is_empty());
+        assert!(parse(json!({"logit_bias": null})).is_empty());
+        assert!(parse(json!({})).is_empty());
+    }
+
+    #[test]
+    fn choices_are_bounded_by_the_slots() {
+        let n = |body: Value| parse_n_cmpl(&Fields::of(&body), 2);
+        assert_eq!(n(json!({})).unwrap(), 1);
+        assert_eq!(n(json!({"n": 2})).unwrap(), 2);
+        assert_eq!(n(json!({"n": 1.5})).unwrap(), 1);
+        assert_eq!(n(json!({"n_cmpl": 2, "n": 5})).unwrap(), 2);
+        let e = n(json!({"n": 3})).unwrap_err();
+        assert_eq!(
+            e.message,
+            "Field 'n': Value must be between 1 <= value <= 2, but got 3"
+        );
+        assert!(n(json!({"n_cmpl": 0})).is_err());
+        assert!(n(json!({"n": "2"})).is_err());
     }
 }

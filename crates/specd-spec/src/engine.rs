@@ -34,10 +34,29 @@ pub struct SequenceRequest {
     pub reference: Option<Arc<Vec<u32>>>,
     /// For `draft-simple`: the draft model.
     pub draft_model: Option<Arc<Model>>,
-    /// Report the top `n_probs` log-probabilities (of the raw logits) of each generated token.
+    /// Report the top `n_probs` log-probabilities of each generated token: of the raw logits,
+    /// or of the sampler's final distribution with `post_sampling_probs`.
     pub n_probs: usize,
+    /// `n_probs` describe the distribution the token was drawn from (logit bias, penalties,
+    /// filters and temperature applied; tokens without mass left out), as llama.cpp's
+    /// `post_sampling_probs`.
+    pub post_sampling_probs: bool,
     /// Constrain the output (GBNF, Lark, JSON schema, regex).
     pub grammar: Option<GrammarSpec>,
+    /// `(token, bias)` added to the target's logits before sampling (see
+    /// [`Sampler::with_logit_bias`]); `ignore_eos` adds more (see [`logit_bias_with_eog`]).
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// The logit biases a request samples with: its own, then `-inf` on every end-of-generation
+/// token when it ignores them (as llama.cpp does: a generation that does not stop there never
+/// samples them either).
+pub fn logit_bias_with_eog(bias: &[(u32, f32)], ignore_eos: bool, eog: &[u32]) -> Vec<(u32, f32)> {
+    let mut all = bias.to_vec();
+    if ignore_eos {
+        all.extend(eog.iter().map(|&t| (t, f32::NEG_INFINITY)));
+    }
+    all
 }
 
 impl SequenceRequest {
@@ -53,7 +72,9 @@ impl SequenceRequest {
             reference: None,
             draft_model: None,
             n_probs: 0,
+            post_sampling_probs: false,
             grammar: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -169,7 +190,8 @@ pub struct LiveTimings {
     pub stats: SpecStats,
 }
 
-/// Log-probabilities of one generated token.
+/// Log-probabilities of one generated token: of the raw logits, or of the sampler's final
+/// distribution when the request asked for post-sampling probabilities.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TokenProbs {
     pub token: u32,
@@ -321,7 +343,8 @@ impl Engine {
             )));
         }
         req.spec.validate().map_err(SpecError::Invalid)?;
-        let mut sampler = Sampler::new(req.sampler, &req.prompt)?;
+        let bias = self.logit_bias(&req);
+        let mut sampler = Sampler::new(req.sampler, &req.prompt)?.with_logit_bias(&bias)?;
         if let Some(g) = &req.grammar {
             sampler = sampler.with_grammar(self.grammar_vocab()?.compile(g)?);
         }
@@ -377,6 +400,12 @@ impl Engine {
         }
     }
 
+    /// The logit biases `req` samples with (see [`logit_bias_with_eog`]).
+    fn logit_bias(&self, req: &SequenceRequest) -> Vec<(u32, f32)> {
+        let eog = self.model.tokenizer().eog_ids();
+        logit_bias_with_eog(&req.logit_bias, req.ignore_eos, eog)
+    }
+
     /// The grammar index of the model's vocabulary.
     fn grammar_vocab(&self) -> Result<Arc<GrammarVocab>, SpecError> {
         if let Some(v) = self.grammar_vocab.get() {
@@ -410,10 +439,14 @@ impl Engine {
             {
                 return Ok(None);
             }
-            DraftSampling::new(SamplerParams {
-                seed,
-                ..req.sampler
-            })
+            // The target's biases shape q too: a banned token is never drafted.
+            DraftSampling::new(
+                SamplerParams {
+                    seed,
+                    ..req.sampler
+                },
+                &self.logit_bias(req),
+            )
             .map(Some)
         };
         for k in &sp.drafters {
@@ -825,6 +858,10 @@ impl Engine {
             .filter(|_| !s.sampler.params().is_greedy());
         for (i, l) in logits.iter().enumerate() {
             let pos = (p + 1 + i) as u64;
+            // Post-sampling probabilities: the distribution this row's token comes from, taken
+            // before the token enters the penalty history.
+            let dist =
+                (s.req.n_probs > 0 && s.req.post_sampling_probs).then(|| s.sampler.distribution(l));
             // The token this row emits, and whether the round goes on past it.
             let (t, go_on) = match (draft.get(i), probabilistic.and_then(|q| q.get(i))) {
                 (Some(&d), Some(q)) => match s.sampler.verify_draft(l, pos, d, q) {
@@ -845,7 +882,10 @@ impl Engine {
             }
             new_tokens.push(t);
             if s.req.n_probs > 0 {
-                new_probs.push(token_probs(l, t, s.req.n_probs));
+                new_probs.push(match dist {
+                    Some(d) => sampled_token_probs(d, t, s.req.n_probs),
+                    None => token_probs(l, t, s.req.n_probs),
+                });
             }
             if !go_on {
                 break;
@@ -1213,15 +1253,29 @@ fn between(a: Option<Instant>, b: Option<Instant>) -> f64 {
     }
 }
 
-/// Log-softmax of the raw logits: the chosen token's value and the top `n`.
+/// Log-softmax of the raw logits: the chosen token's value and the top `n` (the chosen token's
+/// value is the one it has in the top list, if it is there).
 fn token_probs(logits: &[f32], token: u32, n: usize) -> TokenProbs {
-    let top = specd_sampling::top_logprobs(logits, n);
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = m + logits.iter().map(|&v| (v - m).exp()).sum::<f32>().ln();
     TokenProbs {
         token,
-        logprob: logits[token as usize] - lse,
-        top,
+        logprob: specd_sampling::token_logprob(logits, token),
+        top: specd_sampling::top_logprobs(logits, n),
+    }
+}
+
+/// Log-probabilities under the sampler's final distribution `dist` (which holds only tokens
+/// with mass): the chosen token's and the `n` most likely, by descending probability (ties →
+/// lowest id). A chosen token missing from `dist` (none is) would count as certain, as in
+/// llama.cpp.
+fn sampled_token_probs(mut dist: Vec<(u32, f32)>, token: u32, n: usize) -> TokenProbs {
+    let ln = |p: f32| f64::from(p).ln() as f32;
+    let logprob = dist.iter().find(|x| x.0 == token).map_or(0.0, |x| ln(x.1));
+    dist.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    dist.truncate(n);
+    TokenProbs {
+        token,
+        logprob,
+        top: dist.into_iter().map(|(t, p)| (t, ln(p))).collect(),
     }
 }
 

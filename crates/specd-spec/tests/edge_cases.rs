@@ -291,3 +291,33 @@ fn prompt_progress_per_chunk() {
     e.step_with(&mut |_| later += 1);
     assert_eq!(later, 0);
 }
+
+#[test]
+fn ignore_eos_bans_end_of_generation_tokens() {
+    let m = model();
+    let eog = m.tokenizer().eog_ids().to_vec();
+    assert!(!eog.is_empty());
+    let pull: Vec<(u32, f32)> = eog.iter().map(|&t| (t, 100.0)).collect();
+    // A bias pulling hard towards EOG ends the generation at once…
+    let mut req = SequenceRequest::greedy(vec![5, 9, 14], 8);
+    req.logit_bias = pull.clone();
+    let out = generate(64, req.clone(), RollbackKind::Fast);
+    assert_eq!(out.reason, FinishReason::Eos);
+    assert!(out.tokens.is_empty());
+    // …but ignore_eos adds -inf to every EOG token (llama.cpp): they are never sampled.
+    req.ignore_eos = true;
+    let out = generate(64, req, RollbackKind::Fast);
+    assert_eq!(out.reason, FinishReason::Limit);
+    assert_eq!(out.tokens.len(), 8);
+    assert!(
+        out.tokens.iter().all(|t| !eog.contains(t)),
+        "{:?}",
+        out.tokens
+    );
+    assert_eq!(
+        specd_spec::engine::logit_bias_with_eog(&[(3, 1.0)], true, &eog)[1..],
+        eog.iter()
+            .map(|&t| (t, f32::NEG_INFINITY))
+            .collect::<Vec<_>>()[..]
+    );
+}

@@ -216,6 +216,11 @@ proptest! {
         adaptive in any::<bool>(),
         grammar in 0usize..4,
         f16_cache in any::<bool>(),
+        // Ids up to a little past the tiny vocabularies (1024): those are ignored.
+        logit_bias in proptest::collection::vec(
+            (0u32..1100, prop_oneof![3 => -8.0f32..8.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(30.0f32)]),
+            0..6,
+        ),
     ) {
         let m = models();
         let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, 2 => &m.llama, _ => &m.kquant };
@@ -231,6 +236,7 @@ proptest! {
                 r.sampler = sampler(samp, seed + i as u32);
                 r.ignore_eos = true;
                 r.grammar = grammar_spec(grammar);
+                r.logit_bias = logit_bias.clone();
                 r
             })
             .collect();
@@ -293,5 +299,45 @@ fn always_right_drafts_are_all_accepted_and_always_wrong_none() {
             assert_eq!(out.stats.accepted_tokens, 0);
             assert!(out.stats.rollbacks_fast > 0);
         }
+    }
+}
+
+#[test]
+fn logit_bias_and_post_sampling_probs_are_the_same_with_speculation() {
+    let m = models();
+    let prompt = vec![5u32, 9, 14, 3, 5, 9, 14];
+    let run_one = |spec: SpecParams| {
+        let mut r = SequenceRequest::greedy(prompt.clone(), 24);
+        r.sampler = sampler(1, 77);
+        r.ignore_eos = true;
+        r.logit_bias = vec![(9, 4.0), (14, f32::NEG_INFINITY), (3, 1.5)];
+        r.n_probs = 5;
+        r.post_sampling_probs = true;
+        r.spec = spec;
+        let cfg = MemoryConfig {
+            n_ctx: 256,
+            max_seqs: 1,
+            ..Default::default()
+        };
+        let mut e = Engine::new(m.repetitive.clone(), cfg, RollbackKind::Fast);
+        e.generate(0, r).unwrap()
+    };
+    let plain = run_one(SpecParams::default());
+    // The MTP head drafts every round (p_min 0): verification meets the bias often.
+    let specd = run_one(spec_for("draft-mtp", 4));
+    assert_eq!(plain.tokens, specd.tokens);
+    assert!(specd.stats.draft_tokens > 0, "{:?}", specd.stats);
+    // The banned token never comes; probabilities are of the sampler's distribution.
+    assert!(!plain.tokens.contains(&14));
+    assert_eq!(plain.probs.len(), plain.tokens.len());
+    for (a, b) in plain.probs.iter().zip(&specd.probs) {
+        assert_eq!(a.token, b.token);
+        assert_eq!(a.logprob.to_bits(), b.logprob.to_bits());
+        assert_eq!(a.top, b.top);
+        assert!(a.top.len() <= 5 && !a.top.is_empty());
+        assert!(a.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert!(a.top.iter().all(|&(t, lp)| t != 14 && lp <= 0.0));
+        // top-k 40 / top-p / min-p leave few candidates: the chosen one is among them.
+        assert!(a.logprob <= 0.0 && a.logprob > f32::NEG_INFINITY);
     }
 }

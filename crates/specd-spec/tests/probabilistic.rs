@@ -284,3 +284,30 @@ fn rounds_it_does_not_apply_to_stay_exact() {
         assert_eq!(out.tokens, plain(req), "{name}");
     }
 }
+
+#[test]
+fn banned_tokens_never_come_under_rejection_sampling() {
+    let m = models();
+    // The plain run's most frequent tokens, banned: drafts and residual draws must avoid them.
+    let plain_out = plain(request(wide_sampling(21), SpecParams::default(), &m.draft));
+    let mut banned: Vec<u32> = plain_out.clone();
+    banned.sort_unstable();
+    banned.dedup();
+    banned.truncate(8);
+    for drafter in [DrafterKind::DraftSimple, DrafterKind::DraftMtp] {
+        let mut req = request(
+            wide_sampling(21),
+            spec(drafter, VerifyKind::Probabilistic),
+            &m.draft,
+        );
+        req.logit_bias = banned.iter().map(|&t| (t, f32::NEG_INFINITY)).collect();
+        let out = run_checked(req, RollbackKind::Fast);
+        check_stats(&out, drafter.name());
+        assert!(
+            out.tokens.iter().all(|t| !banned.contains(t)),
+            "{}: {:?} has one of {banned:?}",
+            drafter.name(),
+            out.tokens
+        );
+    }
+}

@@ -236,11 +236,7 @@ static OPTIONS: &[Opt] = &[
     opt(&["--mirostat"], One, Refuse(SAMPLER)),
     opt(&["--mirostat-lr"], One, Refuse(SAMPLER)),
     opt(&["--mirostat-ent"], One, Refuse(SAMPLER)),
-    opt(
-        &["-l", "--logit-bias"],
-        One,
-        Refuse("a server-wide logit bias is not implemented (give logit_bias per request)"),
-    ),
+    opt(&["-l", "--logit-bias"], One, Take),
     opt(&["--grammar"], One, Take),
     opt(&["--grammar-file"], One, Take),
     opt(&["-j", "--json-schema"], One, Take),

@@ -260,6 +260,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             spec,
             cache_prompt: !a.no_cache_prompt,
             grammar,
+            ignore_eos: a.ignore_eos,
+            logit_bias: a.sampling.logit_bias.clone(),
         },
         chat_template,
         cors: Cors {

@@ -39,11 +39,11 @@ pub struct DraftSampling {
 }
 
 impl DraftSampling {
-    /// Draft sampling with the request's `params`; `params.seed` must be the target sampler's
-    /// resolved seed ([`Sampler::seed`]) so the run repeats with it.
-    pub fn new(params: SamplerParams) -> Result<Self, SpecError> {
+    /// Draft sampling with the request's `params` and logit biases; `params.seed` must be the
+    /// target sampler's resolved seed ([`Sampler::seed`]) so the run repeats with it.
+    pub fn new(params: SamplerParams, logit_bias: &[(u32, f32)]) -> Result<Self, SpecError> {
         Ok(DraftSampling {
-            sampler: Sampler::new(params, &[])?,
+            sampler: Sampler::new(params, &[])?.with_logit_bias(logit_bias)?,
             probs: Vec::new(),
         })
     }
