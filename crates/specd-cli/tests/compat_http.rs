@@ -337,18 +337,7 @@ fn slots_like_llama_server() {
     let body = json!({"prompt": "I believe", "n_predict": 4000, "ignore_eos": true,
                       "stream": true, "temperature": 0})
     .to_string();
-    let mut conn = connect(&s.addr);
-    write_request(
-        &mut conn,
-        &s.addr,
-        "POST",
-        "/completion",
-        &[],
-        Some(body.as_bytes()),
-    );
-    let mut r = BufReader::new(conn);
-    let (status, _) = read_head(&mut r);
-    assert_eq!(status, 200);
+    let mut r = open_stream(&s.addr, "/completion", &body);
     read_chunk(&mut r).expect("a first chunk");
     let slots = s.get("/slots").json();
     let running = slots

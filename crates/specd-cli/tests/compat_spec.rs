@@ -6,11 +6,10 @@
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{Server, BIN};
+use common::Server;
 
 const PROMPT: &str = "def fibonacci(n):\n    if n < 2:\n        return n\n";
 
@@ -18,23 +17,8 @@ const PROMPT: &str = "def fibonacci(n):\n    if n < 2:\n        return n\n";
 /// so its drafts are rarely accepted — the case where the controller would rather not draft.
 fn draft_model() -> &'static PathBuf {
     static M: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &M.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = dir.path().join("draft.gguf");
-        let out = Command::new(BIN)
-            .args(["make-test-model", "--preset", "qwen35-tiny", "--seed", "7"])
-            .arg("-o")
-            .arg(&p)
-            .output()
-            .expect("running make-test-model");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (dir, p)
-    })
-    .1
+    &M.get_or_init(|| common::make_model("draft.gguf", &["--preset", "qwen35-tiny", "--seed", "7"]))
+        .1
 }
 
 /// `specd serve` with the draft model and llama.cpp's test_speculative.py settings

@@ -551,18 +551,7 @@ fn disconnect_frees_slot() {
     let s = Server::start(&["-c", "8192", "-np", "1", "--metrics", "--kv-unified"]);
     let body = json!({"prompt": PROMPT, "n_predict": 8000, "temperature": 0, "ignore_eos": true, "stream": true})
         .to_string();
-    let mut conn = connect(&s.addr);
-    write_request(
-        &mut conn,
-        &s.addr,
-        "POST",
-        "/completion",
-        &[],
-        Some(body.as_bytes()),
-    );
-    let mut r = BufReader::new(conn);
-    let (status, _) = read_head(&mut r);
-    assert_eq!(status, 200);
+    let mut r = open_stream(&s.addr, "/completion", &body);
     let mut got = 0;
     while got < 3 {
         let c = read_chunk(&mut r).expect("stream ended early");

@@ -197,3 +197,14 @@ pub fn assert_error(r: &Resp, status: u16, ty: &str) -> Value {
     );
     v
 }
+
+/// Starts a streamed POST to `path` and reads up to the status line and headers (which must say
+/// 200); the reader is positioned at the first chunk.
+pub fn open_stream(addr: &str, path: &str, body: &str) -> BufReader<TcpStream> {
+    let mut conn = connect(addr);
+    write_request(&mut conn, addr, "POST", path, &[], Some(body.as_bytes()));
+    let mut r = BufReader::new(conn);
+    let (status, _) = read_head(&mut r);
+    assert_eq!(status, 200);
+    r
+}

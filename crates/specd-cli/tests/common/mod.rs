@@ -13,31 +13,35 @@ use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_specd");
 
+/// A generated model (`specd make-test-model ARGS -o DIR/NAME`); the directory lives as long
+/// as the returned handle.
+pub fn make_model(name: &str, args: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join(name);
+    let out = Command::new(BIN)
+        .arg("make-test-model")
+        .args(args)
+        .arg("-o")
+        .arg(&p)
+        .output()
+        .expect("running make-test-model");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, p)
+}
+
 /// The tiny hybrid model, generated once per test binary. "repetitive" weights loop, so the
 /// n-gram drafters find drafts and speculation really runs.
 pub fn model() -> &'static PathBuf {
     static M: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &M.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = dir.path().join("tiny.gguf");
-        let out = Command::new(BIN)
-            .args([
-                "make-test-model",
-                "--preset",
-                "qwen35-tiny",
-                "--style",
-                "repetitive",
-                "-o",
-            ])
-            .arg(&p)
-            .output()
-            .expect("running make-test-model");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (dir, p)
+        make_model(
+            "tiny.gguf",
+            &["--preset", "qwen35-tiny", "--style", "repetitive"],
+        )
     })
     .1
 }
