@@ -83,6 +83,10 @@ pub struct ServeArgs {
     /// File holding a Jinja chat template.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
+    /// JSON object of variables every chat template render sees, e.g.
+    /// '{"enable_thinking": false}' (a request's `chat_template_kwargs` override them).
+    #[arg(long = "chat-template-kwargs")]
+    pub chat_template_kwargs: Option<String>,
     /// Render chat templates with Jinja (always on in specd).
     #[arg(long = "jinja", overrides_with = "no_jinja")]
     pub jinja: bool,

@@ -264,6 +264,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             logit_bias: a.sampling.logit_bias.clone(),
         },
         chat_template,
+        chat_template_kwargs: match &a.chat_template_kwargs {
+            None => Default::default(),
+            Some(s) => match serde_json::from_str(s) {
+                Ok(serde_json::Value::Object(o)) => o,
+                _ => bail!("--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}'"),
+            },
+        },
         cors: Cors {
             origins: cors_origins,
             methods: a.cors_methods.clone(),
