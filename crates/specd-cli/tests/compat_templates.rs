@@ -10,20 +10,39 @@ use common::http::assert_error;
 use common::Server;
 use serde_json::{json, Value};
 
-fn qwen35_template() -> String {
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../specd-tokenizer/tests/real_templates/Qwen3.5-4B.jinja"
+/// A template of llama.cpp's models/templates, as the tokenizer's tests keep it.
+fn real_template(name: &str) -> String {
+    format!(
+        "{}/../specd-tokenizer/tests/real_templates/{name}.jinja",
+        env!("CARGO_MANIFEST_DIR")
     )
-    .to_string()
+}
+
+/// `specd serve` with `template` and `extra` flags, `env` set.
+fn serve_with(template: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let t = real_template(template);
+    let mut args = vec!["--jinja", "--chat-template-file", &t, "-c", "4096"];
+    args.extend_from_slice(extra);
+    Server::start_env(&args, env)
 }
 
 fn serve(extra: &[&str]) -> Server {
-    let t = qwen35_template();
-    let mut args = vec!["--jinja", "--chat-template-file", &t, "-c", "4096"];
-    args.extend_from_slice(extra);
-    Server::start(&args)
+    serve_with("Qwen3.5-4B", extra, &[])
 }
+
+/// A one-message conversation with `fields` added to the request.
+fn hi(fields: Value) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    if let (Some(b), Some(f)) = (b.as_object_mut(), fields.as_object()) {
+        b.extend(f.clone());
+    }
+    b
+}
+
+/// Qwen3.5's prompt for [`hi`] with thinking on, and off.
+const THINKING: &str = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n";
+const NO_THINKING: &str =
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
 
 /// An agent's turn: tools with nested schemas (key order as sent, non-ASCII description), the
 /// model's call with its arguments as a JSON string, the tool's result.
@@ -169,33 +188,23 @@ fn props_report_the_template_capabilities() {
 
 #[test]
 fn template_kwargs_from_the_command_line_and_the_request() {
-    let hi = |kwargs: Option<Value>| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}]});
-        if let Some(k) = kwargs {
-            b["chat_template_kwargs"] = k;
-        }
-        b
-    };
-    let thinking = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n";
-    let no_thinking =
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
-
     let s = serve(&[]);
-    assert_eq!(s.ok("/apply-template", &hi(None))["prompt"], thinking);
-    let off = hi(Some(json!({"enable_thinking": false})));
-    assert_eq!(s.ok("/apply-template", &off)["prompt"], no_thinking);
+    assert_eq!(s.ok("/apply-template", &hi(json!({})))["prompt"], THINKING);
+    let off = hi(json!({"chat_template_kwargs": {"enable_thinking": false}}));
+    assert_eq!(s.ok("/apply-template", &off)["prompt"], NO_THINKING);
     drop(s);
 
     let s = serve(&["--chat-template-kwargs", r#"{"enable_thinking": false}"#]);
-    assert_eq!(s.ok("/apply-template", &hi(None))["prompt"], no_thinking);
-    let on = hi(Some(json!({"enable_thinking": true})));
-    assert_eq!(s.ok("/apply-template", &on)["prompt"], thinking);
+    assert_eq!(
+        s.ok("/apply-template", &hi(json!({})))["prompt"],
+        NO_THINKING
+    );
+    let on = hi(json!({"chat_template_kwargs": {"enable_thinking": true}}));
+    assert_eq!(s.ok("/apply-template", &on)["prompt"], THINKING);
     // llama-server refuses a string where the template expects a boolean.
+    let bad = hi(json!({"chat_template_kwargs": {"enable_thinking": "false"}}));
     let v = assert_error(
-        &s.post(
-            "/apply-template",
-            &hi(Some(json!({"enable_thinking": "false"}))),
-        ),
+        &s.post("/apply-template", &bad),
         400,
         "invalid_request_error",
     );
@@ -205,6 +214,61 @@ fn template_kwargs_from_the_command_line_and_the_request() {
             .unwrap()
             .contains(r#"invalid type for "enable_thinking" (expected boolean, got string)"#),
         "{v}"
+    );
+}
+
+#[test]
+fn reasoning_flags_and_effort_set_enable_thinking() {
+    let s = serve(&["-rea", "off"]);
+    assert_eq!(
+        s.ok("/apply-template", &hi(json!({})))["prompt"],
+        NO_THINKING
+    );
+    drop(s);
+    let s = serve_with("Qwen3.5-4B", &[], &[("LLAMA_ARG_REASONING", "off")]);
+    assert_eq!(
+        s.ok("/apply-template", &hi(json!({})))["prompt"],
+        NO_THINKING
+    );
+    drop(s);
+    let s = serve(&[
+        "--chat-template-kwargs",
+        r#"{"enable_thinking": false}"#,
+        "--reasoning",
+        "on",
+    ]);
+    assert_eq!(s.ok("/apply-template", &hi(json!({})))["prompt"], THINKING);
+    // OpenAI's reasoning_effort "none" turns thinking off for the request.
+    let none = hi(json!({"reasoning_effort": "none"}));
+    assert_eq!(s.ok("/apply-template", &none)["prompt"], NO_THINKING);
+    let high = hi(json!({"reasoning_effort": "high"}));
+    assert_eq!(s.ok("/apply-template", &high)["prompt"], THINKING);
+}
+
+#[test]
+fn no_reasoning_preserve_drops_earlier_reasoning() {
+    // Nemotron 3 Nano keeps earlier turns' reasoning unless `truncate_history_thinking`; the
+    // prompts are llama-server's for the same flags.
+    let body = json!({"messages": [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "A greeting."},
+        {"role": "user", "content": "Bye!"}
+    ]});
+    let head =
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n";
+    let tail =
+        "Hello!<|im_end|>\n<|im_start|>user\nBye!<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    let nemotron = "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16";
+    let s = serve_with(nemotron, &[], &[]);
+    assert_eq!(
+        s.ok("/apply-template", &body)["prompt"],
+        format!("{head}<think>\nA greeting.\n</think>\n{tail}")
+    );
+    drop(s);
+    let s = serve_with(nemotron, &["--no-reasoning-preserve"], &[]);
+    assert_eq!(
+        s.ok("/apply-template", &body)["prompt"],
+        format!("{head}<think></think>\n{tail}")
     );
 }
 

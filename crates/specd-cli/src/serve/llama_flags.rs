@@ -440,17 +440,12 @@ static OPTIONS: &[Opt] = &[
         .neg(&["--no-jinja"])
         .env("LLAMA_ARG_JINJA"),
     opt(&["--reasoning-format"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK"),
-    opt(
-        &["-rea", "--reasoning"],
-        Val::Opt(ON_OFF),
-        Ignore(REASONING),
-    )
-    .env("LLAMA_ARG_REASONING"),
-    opt(&["--reasoning-effort"], One, Ignore(REASONING)).env("LLAMA_ARG_REASONING_EFFORT"),
+    opt(&["-rea", "--reasoning"], Val::Opt(ON_OFF), Take).env("LLAMA_ARG_REASONING"),
+    opt(&["--reasoning-effort"], One, Take).env("LLAMA_ARG_REASONING_EFFORT"),
     opt(&["--reasoning-budget"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK_BUDGET"),
     opt(&["--reasoning-budget-message"], One, Ignore(REASONING))
         .env("LLAMA_ARG_THINK_BUDGET_MESSAGE"),
-    opt(&["--reasoning-preserve"], Switch, Ignore(REASONING))
+    opt(&["--reasoning-preserve"], Switch, Take)
         .neg(&["--no-reasoning-preserve"])
         .env("LLAMA_ARG_REASONING_PRESERVE"),
     opt(&["--chat-template"], One, Take).env("LLAMA_ARG_CHAT_TEMPLATE"),
