@@ -155,3 +155,52 @@ fn capabilities_are_llama_servers() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// Values as llama.cpp's Jinja engine writes them (`tojson` and its arguments, `string`, `safe`,
+/// printing, `items`, `length`): `TEMPLATE` rendered by llama-server's `/apply-template` gave
+/// `WANT`.
+#[test]
+fn values_are_written_as_llama_server_writes_them() {
+    const TEMPLATE: &str = r##"{%- set d = {"b": 1, "a": [true, none, 0.5, 2.0, "é\"\n"], "c": {}} -%}
+1[{{ d|tojson }}]
+2[{{ d|tojson(indent=2) }}]
+3[{{ d|tojson(separators=(",", ":")) }}]
+4[{{ d|tojson(ensure_ascii=true) }}]
+5[{{ d|string }}]
+6[{{ true }}|{{ none }}|{{ 0.5 }}|{{ 2.0 }}|{{ [1, "x", [2]] }}|{{ d }}]
+7[{{ true|string }}|{{ none|string }}|{{ 0.1234567|string }}|{{ 2.0|string }}|{{ 7|string }}|{{ ["a", "it's"]|string }}]
+8[{% for k, v in d|items %}{{ k }}={{ v|tojson }};{% endfor %}]
+9[{{ d.a|length }}|{{ undefined_thing|length }}|{{ d|length }}]
+10[{{ d.a|tojson|safe }}|{{ 3|safe }}|{{ false|safe }}]
+11[{{ "  x  "|trim }}|{{ "a,b"|split(",") is sequence }}|{{ "Hello".startswith("He") }}]
+12[{{ tojson(d.c) }}|{{ d.b|tojson }}]
+"##;
+    const WANT: &str = r##"1[{"b": 1, "a": [true, null, 0.5, 2, "é\"\n"], "c": {}}]
+2[{
+  "b": 1,
+  "a": [
+    true,
+    null,
+    0.5,
+    2,
+    "é\"\n"
+  ],
+  "c": {}
+}]
+3[{"b":1,"a":[true,null,0.5,2,"é\"\n"],"c":{}}]
+4[{"b": 1, "a": [true, null, 0.5, 2, "\u00e9\"\n"], "c": {}}]
+5[{'b': 1, 'a': [True, None, 0.5, 2.0, 'é"
+'], 'c': {}}]
+6[True||0.5|2.0|1x2|]
+7[True|None|0.123457|2|7|['a', "it's"]]
+8[b=1;a=[true, null, 0.5, 2, "é\"\n"];c={};]
+9[5|0|3]
+10[[true, null, 0.5, 2, "é\"\n"]|3|False]
+11[x|True|True]
+12[{}|1]"##;
+    let t = ChatTemplate::new(TEMPLATE).expect("compiles");
+    let got = t
+        .render(&[ChatMessage::new("user", "Hi")], true, &Map::new())
+        .expect("renders");
+    assert_eq!(got, WANT);
+}
