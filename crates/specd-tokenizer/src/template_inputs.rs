@@ -131,13 +131,17 @@ pub(crate) fn messages(
     for m in msgs {
         let mut j = message(m)?;
         if let Some(o) = j.as_object_mut() {
-            let content = o.get_mut("content").expect("content is always set");
-            match content {
-                Json::Array(parts) if only_string => *content = joined(parts).into(),
-                Json::String(s) if only_typed => {
-                    *content = serde_json::json!([{"type": "text", "text": s}]);
+            if let Some(content) = o.get_mut("content") {
+                let text = match &*content {
+                    Json::Array(parts) if only_string => Some(Json::from(joined(parts))),
+                    Json::String(s) if only_typed => {
+                        Some(serde_json::json!([{"type": "text", "text": s}]))
+                    }
+                    _ => None,
+                };
+                if let Some(t) = text {
+                    *content = t;
                 }
-                _ => {}
             }
             if !keep_developer && o.get("role").and_then(Json::as_str) == Some("developer") {
                 o.insert("role".into(), "system".into());
