@@ -13,17 +13,21 @@ use specd_spec::{DrafterKind, SeqOutput, SequenceRequest, SpecParams};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+mod anthropic;
 mod chat;
 mod completions;
 mod llama;
 mod prompt;
 mod report;
+mod responses;
 mod stream;
 
+pub use anthropic::{count_tokens as messages_count_tokens, messages};
 pub use chat::{chat, chat_input_tokens};
 pub use completions::oai_completion;
 pub use llama::completion;
 pub use prompt::render_chat;
+pub use responses::{responses, responses_input_tokens};
 pub(crate) use report::unix_now;
 
 /// The generation settings of a request as llama-server reports them (`generation_settings`,
