@@ -1,6 +1,7 @@
 """Drives specd's Anthropic Messages API with the official `anthropic` client: a message, a
 streamed message, a tool conversation, token counting and an error. Prints one JSON line with
-what the Rust test compares against specd's OpenAI chat path."""
+what the Rust test compares against specd's OpenAI chat path. The client sends no sampling
+fields (the API has none now): the server runs greedy (`--temp 0`)."""
 
 import json
 import os
@@ -15,7 +16,7 @@ report = {}
 
 # A whole message.
 m = client.messages.create(
-    model="specd", max_tokens=12, temperature=0, system=SYSTEM, messages=MESSAGES
+    model="specd", max_tokens=12, system=SYSTEM, messages=MESSAGES
 )
 assert m.type == "message" and m.role == "assistant", m
 assert m.id.startswith("msg_"), m.id
@@ -29,7 +30,7 @@ report["stop_reason"] = m.stop_reason
 # The same message streamed: the helper's text stream and its final message, and the raw
 # event sequence.
 with client.messages.stream(
-    model="specd", max_tokens=12, temperature=0, system=SYSTEM, messages=MESSAGES
+    model="specd", max_tokens=12, system=SYSTEM, messages=MESSAGES
 ) as stream:
     pieces = list(stream.text_stream)
     final = stream.get_final_message()
@@ -39,7 +40,7 @@ report["stream_stop_reason"] = final.stop_reason
 report["stream_usage"] = final.usage.model_dump()
 
 raw = client.messages.create(
-    model="specd", max_tokens=12, temperature=0, system=SYSTEM, messages=MESSAGES, stream=True
+    model="specd", max_tokens=12, system=SYSTEM, messages=MESSAGES, stream=True
 )
 report["events"] = [e.type for e in raw]
 
@@ -70,7 +71,7 @@ history = [
     },
 ]
 t = client.messages.create(
-    model="specd", max_tokens=12, temperature=0, tools=tools, tool_choice={"type": "auto"},
+    model="specd", max_tokens=12, tools=tools, tool_choice={"type": "auto"},
     messages=history,
 )
 assert t.type == "message", t

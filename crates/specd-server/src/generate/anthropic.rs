@@ -334,14 +334,38 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
             chat.insert(key.into(), v.clone());
         }
     }
+    // Structured output: a JSON schema the answer must follow.
+    if let Some(f) = b
+        .get("output_config")
+        .and_then(|o| o.get("format"))
+        .filter(|f| !f.is_null())
+    {
+        match (f.get("type").and_then(Value::as_str), f.get("schema")) {
+            (Some("json_schema"), Some(schema)) => {
+                chat.insert(
+                    "response_format".into(),
+                    json!({"type": "json_schema", "json_schema": {"schema": schema}}),
+                );
+            }
+            _ => {
+                return Err(invalid(
+                    "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                ))
+            }
+        }
+    }
     // Extended thinking: on or off in the template (unless the request set it itself), and the
     // budget under the name of the chat API's field.
     if let Some(t) = b.get("thinking").filter(|v| !v.is_null()) {
-        let on = match t.get("type").and_then(Value::as_str) {
-            Some("enabled") => true,
-            Some("disabled") => false,
-            _ => return Err(invalid("'thinking.type' must be 'enabled' or 'disabled'")),
-        };
+        let on =
+            match t.get("type").and_then(Value::as_str) {
+                // `adaptive` and `between_tools` leave when to think to the model: thinking is on.
+                Some("enabled" | "adaptive" | "between_tools") => true,
+                Some("disabled") => false,
+                _ => return Err(invalid(
+                    "'thinking.type' must be 'enabled', 'adaptive', 'between_tools' or 'disabled'",
+                )),
+            };
         let kw = chat
             .entry("chat_template_kwargs")
             .or_insert_with(|| json!({}));
@@ -781,6 +805,17 @@ mod tests {
                 "stop": ["END"], "max_tokens": 7, "top_k": 3,
                 "chat_template_kwargs": {"enable_thinking": false}
             })
+        );
+        let chat = to_chat(&json!({"messages": [], "thinking": {"type": "adaptive"},
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}))
+        .unwrap();
+        assert_eq!(
+            chat["chat_template_kwargs"],
+            json!({"enable_thinking": true})
+        );
+        assert_eq!(
+            chat["response_format"],
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
         );
         // The absent budget is llama-server's.
         let chat = to_chat(&json!({"messages": []})).unwrap();

@@ -27,8 +27,8 @@ pub use chat::{chat, chat_input_tokens};
 pub use completions::oai_completion;
 pub use llama::completion;
 pub use prompt::render_chat;
-pub use responses::{responses, responses_input_tokens};
 pub(crate) use report::unix_now;
+pub use responses::{responses, responses_input_tokens};
 
 /// The generation settings of a request as llama-server reports them (`generation_settings`,
 /// `/props`, `/slots`).
