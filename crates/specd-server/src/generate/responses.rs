@@ -209,6 +209,8 @@ fn convert_tools(tools: &Value) -> Result<Value, ApiError> {
                     f.insert(k.into(), v.clone());
                 }
             }
+            // Responses function tools are strict unless they say otherwise (chat ones are not).
+            f.entry("strict").or_insert(json!(true));
             if !f.contains_key("name") {
                 return Err(invalid("tools: each function tool needs a 'name'"));
             }
