@@ -565,7 +565,11 @@ fn anthropic_client() {
     // The client reads `ping` and does not hand it on.
     assert_eq!(
         events[..3],
-        ["message_start", "content_block_start", "content_block_delta"]
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta"
+        ]
     );
     assert_eq!(
         events[events.len() - 3..],

@@ -65,21 +65,25 @@ fn content_parts(content: &Value) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
+/// A message built by the conversion (`json!` of an object literal).
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(o) => o,
+        _ => Map::new(),
+    }
+}
+
 /// The assistant message that items of the model's earlier turn join: the last message when
 /// it is an assistant's, else a new one.
-fn assistant<'a>(msgs: &'a mut Vec<Value>) -> &'a mut Map<String, Value> {
+fn assistant(msgs: &mut Vec<Map<String, Value>>) -> &mut Map<String, Value> {
     let is_assistant = msgs
         .last()
         .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
     if !is_assistant {
-        msgs.push(json!({"role": "assistant", "content": ""}));
+        msgs.push(object(json!({"role": "assistant", "content": ""})));
     }
     let last = msgs.len() - 1;
-    match &mut msgs[last] {
-        Value::Object(o) => o,
-        // Every message pushed above is an object.
-        _ => unreachable!("messages are objects"),
-    }
+    &mut msgs[last]
 }
 
 /// Adds text parts to an assistant message's content.
@@ -94,7 +98,7 @@ fn append_content(m: &mut Map<String, Value>, parts: Vec<Value>) {
 }
 
 /// One input item as chat messages.
-fn convert_item(item: &Value, msgs: &mut Vec<Value>) -> Result<(), ApiError> {
+fn convert_item(item: &Value, msgs: &mut Vec<Map<String, Value>>) -> Result<(), ApiError> {
     let ty = item.get("type").and_then(Value::as_str);
     let role = item.get("role").and_then(Value::as_str);
     match (ty, role) {
@@ -104,7 +108,7 @@ fn convert_item(item: &Value, msgs: &mut Vec<Value>) -> Result<(), ApiError> {
                 .ok_or_else(|| invalid("an input message needs 'content'"))?;
             // The chat templates know `system`; `developer` is OpenAI's newer name for it.
             let role = if role == "developer" { "system" } else { role };
-            msgs.push(json!({"role": role, "content": content_parts(content)?}));
+            msgs.push(object(json!({"role": role, "content": content_parts(content)?})));
         }
         (None | Some("message"), Some("assistant")) => {
             let parts = match item.get("content") {
@@ -146,7 +150,7 @@ fn convert_item(item: &Value, msgs: &mut Vec<Value>) -> Result<(), ApiError> {
                     ))
                 }
             };
-            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+            msgs.push(object(json!({"role": "tool", "tool_call_id": id, "content": output})));
         }
         (Some("reasoning"), _) => {
             // The reasoning text; a summary stands in for reasoning that was not returned.
@@ -256,15 +260,15 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
             "previous_response_id and conversation are not supported: specd stores no responses; send the whole input",
         ));
     }
-    let mut msgs = Vec::new();
+    let mut msgs: Vec<Map<String, Value>> = Vec::new();
     if let Some(i) = present("instructions") {
         let text = i
             .as_str()
             .ok_or_else(|| invalid("'instructions' must be a string"))?;
-        msgs.push(json!({"role": "system", "content": text}));
+        msgs.push(object(json!({"role": "system", "content": text})));
     }
     match b.get("input") {
-        Some(Value::String(s)) => msgs.push(json!({"role": "user", "content": s})),
+        Some(Value::String(s)) => msgs.push(object(json!({"role": "user", "content": s}))),
         Some(Value::Array(items)) => {
             for it in items {
                 convert_item(it, &mut msgs)?;
@@ -278,6 +282,7 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         .filter(|(k, _)| !RESPONSES_ONLY.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let msgs = msgs.into_iter().map(Value::Object).collect();
     chat.insert("messages".into(), Value::Array(msgs));
     if let Some(t) = present("tools") {
         chat.insert("tools".into(), convert_tools(t)?);
