@@ -16,7 +16,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use specd_output::{AssistantMessage, ChatOutput, Delta, OutputConfig};
+use specd_output::{AssistantMessage, ChatOutput, Delta};
 use specd_spec::engine::TokenProbs;
 use specd_spec::{FinishReason, LiveTimings};
 
@@ -628,7 +628,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
                     started: false,
                     open: None,
                     n_blocks: 0,
-                    output: ChatOutput::new(OutputConfig::default()),
+                    output: output_stage(&f),
                 });
                 (r, shape)
             })
@@ -639,7 +639,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = ChatOutput::new(OutputConfig::default());
+    let mut output = output_stage(&f);
     output.push(&out.text);
     output.finish();
     let m = output.message();
@@ -673,6 +673,7 @@ pub async fn count_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use specd_output::OutputConfig;
     use specd_output::ToolCall;
 
     fn shape() -> MessagesShape {

@@ -17,7 +17,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use specd_output::{AssistantMessage, ChatOutput, Delta, OutputConfig};
+use specd_output::{AssistantMessage, ChatOutput, Delta};
 use specd_spec::engine::TokenProbs;
 use specd_spec::{LiveTimings, PromptProgress};
 use std::cell::Cell;
@@ -778,7 +778,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
                     created: Cell::new(false),
                     open: None,
                     done: Vec::new(),
-                    output: ChatOutput::new(OutputConfig::default()),
+                    output: output_stage(&f),
                 });
                 (r, shape)
             })
@@ -789,7 +789,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = ChatOutput::new(OutputConfig::default());
+    let mut output = output_stage(&f);
     output.push(&out.text);
     output.finish();
     let items = output_items(output.message());
@@ -819,6 +819,7 @@ pub async fn responses_input_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use specd_output::OutputConfig;
     use specd_output::ToolCall;
 
     /// Reasoning, text and a function call stream as three output items in order, each done
