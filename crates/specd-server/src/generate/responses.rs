@@ -166,6 +166,10 @@ fn convert_item(item: &Value, msgs: &mut Vec<Map<String, Value>>) -> Result<(), 
             if text.is_empty() {
                 text = texts("summary");
             }
+            // Only encrypted reasoning (Codex sends it back): nothing a local model can read.
+            if text.is_empty() {
+                return Ok(());
+            }
             let m = assistant(msgs);
             let mut all = m
                 .get("reasoning_content")
@@ -915,6 +919,18 @@ mod tests {
         // An empty answer is still one (empty) message.
         let items = output_items(&AssistantMessage::default());
         assert_eq!(items[0]["type"], "message");
+    }
+
+    #[test]
+    fn encrypted_reasoning_adds_nothing() {
+        let chat = to_chat(&json!({"input": [
+            {"type": "reasoning", "summary": [], "encrypted_content": "xyz"},
+            {"role": "user", "content": "hi"}]}))
+        .unwrap();
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+        );
     }
 
     #[test]
