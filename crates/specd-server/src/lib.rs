@@ -288,6 +288,21 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
             "/v1/chat/completions/input_tokens",
             post(generate::chat_input_tokens),
         ),
+        ("/v1/responses", post(generate::responses)),
+        ("/responses", post(generate::responses)),
+        (
+            "/v1/responses/input_tokens",
+            post(generate::responses_input_tokens),
+        ),
+        (
+            "/responses/input_tokens",
+            post(generate::responses_input_tokens),
+        ),
+        ("/v1/messages", post(generate::messages)),
+        (
+            "/v1/messages/count_tokens",
+            post(generate::messages_count_tokens),
+        ),
         ("/slots/{id_slot}", post(slots::action)),
     ]
 }
