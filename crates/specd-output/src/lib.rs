@@ -5,6 +5,33 @@
 //!
 //! Text goes in as the engine emits it (complete UTF-8, stop strings already cut off); out
 //! come reasoning, content and tool calls.
+//!
+//! # Why the parsers are written here
+//!
+//! SGLang's model gateway publishes `tool-parser` 1.10 and `reasoning-parser` 1.10, which we
+//! evaluated first. Their Qwen XML and Hermes parsers are sound (schema-typed XML values,
+//! string values streamed before a parameter closes), but they do not fit this stage:
+//! - `tool-parser`'s API is async (`async_trait`, tokio) while this stage is called
+//!   synchronously from the streaming loop, once per emitted piece of text;
+//! - its tool type is `openai-protocol`'s request type, a second copy of the whole OpenAI
+//!   request model beside the server's own, and it builds every parser it knows, pulling in
+//!   `rustpython-parser` (for the pythonic format) and `malachite`: 192 crates for the two
+//!   together, 3 min 45 s of extra build on this project's 2-core machine even unoptimised
+//!   (measured: a bare crate depending on both, `cargo build -j 2`; 806 MB of target), for two
+//!   formats that take a few hundred lines;
+//! - `reasoning-parser` alone is lighter, but the split is a few dozen lines that must share
+//!   one buffer with the tool-call parser (in Qwen3.5's output a call may end the thinking);
+//! - neither builds the grammar that makes `tool_choice: required` hold, which must know the
+//!   exact same markup the parser reads — one module owning both keeps them in step.
+//!
+//! What is written by hand is only the markup of the two formats and the JSON-schema type of a
+//! parameter; JSON itself is read and written by `serde_json`.
+
+mod grammar;
+mod parse;
+mod schema;
+
+pub use grammar::tool_grammar;
 
 pub mod text;
 
@@ -66,44 +93,136 @@ impl AssistantMessage {
     }
 }
 
-/// What a generation's output is parsed for.
+/// Where reasoning goes (llama-server's `--reasoning-format`; `auto` reads as `deepseek`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// Thoughts stay in the content, tags and all.
+    #[default]
+    None,
+    /// Thoughts go to `reasoning_content`.
+    Deepseek,
+    /// As `Deepseek`, and the whole message (with its `<think>` tags) stays in the content
+    /// of a non-streamed answer too.
+    DeepseekLegacy,
+}
+
+impl ReasoningFormat {
+    /// llama-server's names: `none`, `deepseek`, `deepseek-legacy`, `auto`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(Self::None),
+            "deepseek" | "auto" => Some(Self::Deepseek),
+            "deepseek-legacy" => Some(Self::DeepseekLegacy),
+            _ => None,
+        }
+    }
+}
+
+/// How a model writes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n
+    /// </function>\n</tool_call>`, values raw text typed by the tool's schema.
+    QwenXml,
+    /// Hermes (Qwen2.5, Qwen3): `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`.
+    Hermes,
+}
+
+impl ToolFormat {
+    /// The format a chat template teaches its model, read off the template's source as
+    /// llama.cpp does. A template that shows no tool-call markup gets Hermes, the most common
+    /// JSON form.
+    pub fn of_template(src: &str) -> Self {
+        if src.contains("<tool_call>") && src.contains("<function=") && src.contains("<parameter=")
+        {
+            ToolFormat::QwenXml
+        } else {
+            ToolFormat::Hermes
+        }
+    }
+}
+
+/// A function the request offers (`tools[].function`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    /// The JSON schema of its arguments (an object schema; `{}` when the tool gives none).
+    pub parameters: serde_json::Value,
+}
+
+/// What a generation's output is parsed for. The default passes all text through as content.
 #[derive(Debug, Clone, Default)]
-pub struct OutputConfig {}
+pub struct OutputConfig {
+    /// Whether and how `<think>…</think>` is split off.
+    pub reasoning: ReasoningFormat,
+    /// The prompt already opened the thinking block (it ends with `<think>`): the output starts
+    /// inside the reasoning.
+    pub in_reasoning: bool,
+    /// Tool calls are parsed in this format (None: no tools offered, or `tool_choice: none`).
+    pub tool_format: Option<ToolFormat>,
+    /// The tools offered (names and argument schemas, for typing XML argument values).
+    pub tools: Vec<ToolSpec>,
+}
 
 /// The output stage of one generation: text in, deltas out.
 #[derive(Debug)]
 pub struct ChatOutput {
+    parser: parse::Parser,
     message: AssistantMessage,
+    /// Everything pushed (the content of a `DeepseekLegacy` message).
+    raw: String,
+    legacy: bool,
 }
 
 impl ChatOutput {
-    pub fn new(_cfg: OutputConfig) -> Self {
+    pub fn new(cfg: OutputConfig) -> Self {
         ChatOutput {
+            legacy: cfg.reasoning == ReasoningFormat::DeepseekLegacy,
+            parser: parse::Parser::new(cfg),
             message: AssistantMessage::default(),
+            raw: String::new(),
         }
     }
 
     /// The deltas that newly generated `text` completes (text that may still turn out to be
     /// markup is held back until it is decided).
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
-        let out = if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![Delta::Content(text.to_string())]
-        };
-        for d in &out {
-            self.message.apply(d);
+        if self.legacy {
+            self.raw.push_str(text);
         }
-        out
+        let out = self.parser.push(text);
+        self.record(out)
     }
 
     /// The deltas still held back when the generation ends.
     pub fn finish(&mut self) -> Vec<Delta> {
-        Vec::new()
+        let out = self.parser.finish();
+        let out = self.record(out);
+        if self.legacy {
+            // deepseek-legacy: the message content keeps the thoughts with their tags (only the
+            // whole message: streamed deltas are as deepseek's).
+            let start = if self.parser.opened_in_reasoning() {
+                "<think>\n"
+            } else {
+                ""
+            };
+            self.message.content = format!("{start}{}", self.raw);
+        }
+        out
     }
 
     /// The message so far (all of it after [`ChatOutput::finish`]).
     pub fn message(&self) -> &AssistantMessage {
         &self.message
     }
+
+    fn record(&mut self, out: Vec<Delta>) -> Vec<Delta> {
+        for d in &out {
+            self.message.apply(d);
+        }
+        out
+    }
 }
+
+#[cfg(test)]
+mod tests;
