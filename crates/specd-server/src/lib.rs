@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub verbose: bool,
     /// A final assistant message is continued, not answered (`--no-prefill-assistant`: off).
     pub prefill_assistant: bool,
+    /// Where chat answers' reasoning goes (`--reasoning-format`; requests may say
+    /// `reasoning_format`).
+    pub reasoning_format: specd_output::ReasoningFormat,
     /// Element types of the KV cache (K, V).
     pub kv_types: (KvType, KvType),
     /// `--slot-save-path`: the directory of slot save / restore files (none: disabled).

@@ -105,6 +105,11 @@ pub struct ServeArgs {
     pub jinja: bool,
     #[arg(long = "no-jinja")]
     pub no_jinja: bool,
+    /// Where chat answers' reasoning goes: `none` (left in the content), `deepseek`
+    /// (`reasoning_content`), `deepseek-legacy` (as deepseek, as llama-server answers), `auto`
+    /// (= deepseek).
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["none", "deepseek", "deepseek-legacy", "auto"])]
+    pub reasoning_format: String,
     /// CORS origins, comma-separated: `*` (default: any origin; `localhost` with --tools or MCP
     /// servers), `localhost`, or a list.
     #[arg(long = "cors-origins")]

@@ -107,7 +107,7 @@ const NO_TOOLS: &str = "specd has no built-in agent tools";
 const MEDIA: &str = "only used with a multimodal projector, which specd does not load";
 const ROUTER: &str = "only used in router mode (--models-dir), which specd does not have";
 const NGRAM: &str = "specd's n-gram drafters size themselves";
-const REASONING: &str = "specd returns the generated text as it is (no reasoning parsing)";
+const REASONING: &str = "specd does not implement this reasoning control";
 
 // Reasons shown with refused flags.
 const DOWNLOAD: &str = "specd does not download models: give a local GGUF file with -m";
@@ -439,7 +439,7 @@ static OPTIONS: &[Opt] = &[
     opt(&["--jinja"], Switch, Take)
         .neg(&["--no-jinja"])
         .env("LLAMA_ARG_JINJA"),
-    opt(&["--reasoning-format"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK"),
+    opt(&["--reasoning-format"], One, Take).env("LLAMA_ARG_THINK"),
     opt(&["-rea", "--reasoning"], Val::Opt(ON_OFF), Take).env("LLAMA_ARG_REASONING"),
     opt(&["--reasoning-effort"], One, Take).env("LLAMA_ARG_REASONING_EFFORT"),
     opt(&["--reasoning-budget"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK_BUDGET"),

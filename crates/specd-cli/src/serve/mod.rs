@@ -318,6 +318,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         draft_model,
         verbose: a.verbose,
         prefill_assistant: !a.no_prefill_assistant,
+        reasoning_format: specd_output::ReasoningFormat::parse(&a.reasoning_format)
+            .unwrap_or_default(),
         kv_types: a.model.kv_types(),
         sleep_idle: u64::try_from(a.sleep_idle_seconds)
             .ok()

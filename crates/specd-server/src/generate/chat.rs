@@ -1,6 +1,7 @@
 //! OpenAI's chat completions API: `POST /v1/chat/completions` (and its `input_tokens`).
 
 use super::llama::{full_fn, llama_full, FullFn};
+use super::output::chat_output;
 use super::prompt::*;
 use super::report::*;
 use super::stream::{data, into_response, sse, StreamShape};
@@ -11,7 +12,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use specd_output::{AssistantMessage, ChatOutput, Delta, OutputConfig};
+use specd_output::{AssistantMessage, ChatOutput, Delta};
 use specd_spec::engine::TokenProbs;
 use specd_spec::{LiveTimings, PromptProgress};
 
@@ -36,13 +37,37 @@ fn delta_json(d: &Delta) -> Value {
         Delta::Content(t) => json!({"content": t}),
         Delta::Reasoning(t) => json!({"reasoning_content": t}),
         Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [{
-            "index": index, "id": id, "type": "function",
-            "function": {"name": name, "arguments": ""},
+            "index": index, "id": id, "type": "function", "function": {"name": name},
         }]}),
         Delta::ToolCallArguments { index, arguments } => json!({"tool_calls": [{
             "index": index, "function": {"arguments": arguments},
         }]}),
     }
+}
+
+/// The deltas of one step as OpenAI `delta`s: a call's start carries the arguments that
+/// follow it at once (llama-server sends a new call with what it has of its arguments).
+fn deltas_json(ds: &[Delta]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut open: Option<usize> = None;
+    for d in ds {
+        if let (Delta::ToolCallArguments { index, arguments }, Some(i), Some(last)) =
+            (d, open, out.last_mut())
+        {
+            if *index == i {
+                let f = &mut last["tool_calls"][0]["function"];
+                let so_far = f["arguments"].as_str().unwrap_or("").to_string();
+                f["arguments"] = json!(so_far + arguments);
+                continue;
+            }
+        }
+        open = match d {
+            Delta::ToolCallStart { index, .. } => Some(*index),
+            _ => None,
+        };
+        out.push(delta_json(d));
+    }
+    out
 }
 
 /// A whole assistant message as an OpenAI chat `message`.
@@ -62,6 +87,14 @@ fn message_json(m: &AssistantMessage) -> Value {
             .collect();
     }
     v
+}
+
+/// `tool_calls` when the model ended its turn with calls, as llama-server says.
+fn chat_finish_reason(out: &SeqOutput, m: &AssistantMessage) -> &'static str {
+    match finish_reason(out.reason) {
+        "stop" if !m.tool_calls.is_empty() => "tool_calls",
+        r => r,
+    }
 }
 
 impl ChatShape {
@@ -103,8 +136,8 @@ impl StreamShape for ChatShape {
             out.push(self.role_chunk());
         }
         let mut logprobs = oai_logprobs(st, probs, &self.probs);
-        for d in self.output.push(&text) {
-            out.push(self.delta_chunk(delta_json(&d), logprobs.take()));
+        for d in deltas_json(&self.output.push(&text)) {
+            out.push(self.delta_chunk(d, logprobs.take()));
         }
         // Probabilities of tokens whose text is held back still go out at once.
         if let Some(lp) = logprobs {
@@ -130,11 +163,12 @@ impl StreamShape for ChatShape {
             self.started = true;
             cs.push(self.role_chunk());
         }
-        for d in self.output.finish() {
-            cs.push(self.delta_chunk(delta_json(&d), None));
+        for d in deltas_json(&self.output.finish()) {
+            cs.push(self.delta_chunk(d, None));
         }
+        let reason = chat_finish_reason(out, self.output.message());
         let mut fin = self.chunk_of(json!([{"index": self.index, "delta": {},
-                    "finish_reason": finish_reason(out.reason)}]));
+                    "finish_reason": reason}]));
         if let Some(f) = &self.verbose {
             fin["__verbose"] = f(out);
         }
@@ -159,9 +193,13 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = gen_params(&st, &f, Api::OaiChat)?;
+    let mut g = gen_params(&st, &f, Api::OaiChat)?;
     let x = Extras::of(&st, &f, &g)?;
-    let prompt = chat_prompt(&st, &f)?;
+    let (text, prompt) = chat_prompt_text(&st, &f)?;
+    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
+    if tool_grammar.is_some() {
+        g.grammar = tool_grammar;
+    }
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {
         Some(o) => o.bool("include_usage")?.unwrap_or(false),
@@ -187,7 +225,7 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
                     include_usage,
                     started: false,
                     verbose,
-                    output: ChatOutput::new(OutputConfig::default()),
+                    output: ChatOutput::new(out_cfg.clone()),
                 });
                 (r, shape)
             })
@@ -200,13 +238,13 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
         .zip(&tasks)
         .enumerate()
         .map(|(index, ((out, _), (_, g)))| {
-            let mut output = ChatOutput::new(OutputConfig::default());
+            let mut output = ChatOutput::new(out_cfg.clone());
             output.push(&out.text);
             output.finish();
             let mut choice = json!({
                 "index": index,
                 "message": message_json(output.message()),
-                "finish_reason": finish_reason(out.reason),
+                "finish_reason": chat_finish_reason(out, output.message()),
             });
             // llama-server names `logprobs` only when it has some.
             if let Some(lp) = oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)) {

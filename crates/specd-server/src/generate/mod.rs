@@ -17,6 +17,7 @@ mod anthropic;
 mod chat;
 mod completions;
 mod llama;
+mod output;
 mod prompt;
 mod report;
 mod responses;

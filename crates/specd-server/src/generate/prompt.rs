@@ -268,3 +268,10 @@ pub(crate) fn chat_prompt(st: &AppState, f: &Fields) -> Result<Vec<u32>, ApiErro
     let text = render_chat(st, f)?;
     tokenize_prompt(st, &text, true)
 }
+
+/// [`chat_prompt`] with the prompt's text (the output stage reads how the prompt ends).
+pub(crate) fn chat_prompt_text(st: &AppState, f: &Fields) -> Result<(String, Vec<u32>), ApiError> {
+    let text = render_chat(st, f)?;
+    let ids = tokenize_prompt(st, &text, true)?;
+    Ok((text, ids))
+}

@@ -1,0 +1,162 @@
+//! What a chat request asks of the output stage: the reasoning split (`reasoning_format`, and
+//! whether the prompt opened the thinking block), tool-call parsing (`tools`, `tool_choice`,
+//! `parallel_tool_calls`, the format the chat template teaches) and, for `tool_choice:
+//! required` or a named function, the grammar that makes the model call.
+
+use crate::error::ApiError;
+use crate::params::Fields;
+use crate::AppState;
+use serde_json::Value;
+use specd_output::{tool_grammar, OutputConfig, ReasoningFormat, ToolFormat, ToolSpec};
+use specd_sampling::GrammarSpec;
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq)]
+enum Choice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+fn bad(msg: impl Into<String>, param: &str) -> ApiError {
+    ApiError::invalid(msg).with("param", param)
+}
+
+/// `tools`: OpenAI function tools.
+fn parse_tools(f: &Fields) -> Result<Vec<ToolSpec>, ApiError> {
+    let tools = match f.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("'tools' must be an array", "tools")),
+    };
+    tools
+        .iter()
+        .map(|t| {
+            let kind = t.get("type").and_then(Value::as_str).unwrap_or("function");
+            if kind != "function" {
+                return Err(bad(
+                    format!("tools[].type '{kind}' is not supported (only 'function')"),
+                    "tools",
+                ));
+            }
+            let func = t
+                .get("function")
+                .filter(|v| v.is_object())
+                .ok_or_else(|| bad("tools[].function must be an object", "tools"))?;
+            let name = func
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| bad("tools[].function.name must be a non-empty string", "tools"))?;
+            let parameters = match func.get("parameters") {
+                None | Some(Value::Null) => Value::Object(Default::default()),
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => {
+                    return Err(bad(
+                        "tools[].function.parameters must be a JSON schema (an object)",
+                        "tools",
+                    ))
+                }
+            };
+            Ok(ToolSpec {
+                name: name.to_string(),
+                parameters,
+            })
+        })
+        .collect()
+}
+
+fn parse_choice(f: &Fields) -> Result<Choice, ApiError> {
+    match f.get("tool_choice") {
+        None | Some(Value::Null) => Ok(Choice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(Choice::Auto),
+            "none" => Ok(Choice::None),
+            "required" => Ok(Choice::Required),
+            _ => Err(bad(format!("Invalid tool_choice: {s}"), "tool_choice")),
+        },
+        // OpenAI's named function: {"type": "function", "function": {"name": …}}.
+        Some(Value::Object(o)) => o
+            .get("function")
+            .and_then(|v| v.get("name"))
+            .and_then(Value::as_str)
+            .map(|n| Choice::Named(n.to_string()))
+            .ok_or_else(|| {
+                bad(
+                    "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    "tool_choice",
+                )
+            }),
+        Some(_) => Err(bad("tool_choice must be a string or an object", "tool_choice")),
+    }
+}
+
+/// The output stage of a chat request whose prompt is `prompt_text`, and the grammar that
+/// enforces a tool call when the request asks for one.
+pub(crate) fn chat_output(
+    st: &AppState,
+    f: &Fields,
+    prompt_text: &str,
+) -> Result<(OutputConfig, Option<GrammarSpec>), ApiError> {
+    let reasoning = match f.str("reasoning_format")? {
+        None => st.cfg.reasoning_format,
+        Some(s) => ReasoningFormat::parse(s).ok_or_else(|| {
+            bad(
+                format!("Unknown reasoning format: {s} (none, deepseek, deepseek-legacy, auto)"),
+                "reasoning_format",
+            )
+        })?,
+    };
+    // A prompt ending in an open `<think>` (Qwen3 / Qwen3.5 with thinking on): the output
+    // starts inside the reasoning.
+    let in_reasoning = prompt_text.trim_end().ends_with("<think>");
+    let tools = parse_tools(f)?;
+    let choice = parse_choice(f)?;
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    let mut cfg = OutputConfig {
+        reasoning,
+        in_reasoning,
+        tool_format: None,
+        tools: Vec::new(),
+    };
+    if tools.is_empty() {
+        return match choice {
+            Choice::Required | Choice::Named(_) => Err(bad(
+                "tool_choice requires 'tools' holding at least one function",
+                "tool_choice",
+            )),
+            _ => Ok((cfg, None)),
+        };
+    }
+    if choice == Choice::None {
+        return Ok((cfg, None));
+    }
+    // llama-server's rule: a tool-call grammar and the client's own cannot both hold.
+    if f.get("grammar").is_some() {
+        return Err(ApiError::invalid(
+            "Cannot use custom grammar constraints with tools.",
+        ));
+    }
+    let format = ToolFormat::of_template(&st.cfg.chat_template);
+    let forced: Vec<ToolSpec> = match &choice {
+        Choice::Named(n) => {
+            let t = tools.iter().find(|t| &t.name == n).ok_or_else(|| {
+                bad(
+                    format!("tool_choice names function '{n}', which is not in 'tools'"),
+                    "tool_choice",
+                )
+            })?;
+            vec![t.clone()]
+        }
+        Choice::Required => tools.clone(),
+        _ => Vec::new(),
+    };
+    // A response format set by the request keeps its own grammar.
+    let own_format = f.get("json_schema").is_some() || f.get("response_format").is_some();
+    let grammar = (!forced.is_empty() && !own_format)
+        .then(|| GrammarSpec::Lark(tool_grammar(format, &forced, parallel, in_reasoning)));
+    cfg.tool_format = Some(format);
+    cfg.tools = tools;
+    Ok((cfg, grammar))
+}
