@@ -30,11 +30,9 @@
 mod grammar;
 mod parse;
 mod schema;
-
-pub use grammar::tool_grammar;
-
 pub mod text;
 
+pub use grammar::tool_grammar;
 pub use text::TextStage;
 
 use serde::{Deserialize, Serialize};

@@ -266,11 +266,7 @@ impl Parser {
                     let key = rest[..gt].to_string();
                     self.buf.drain(..ws + PARAM_OPEN.len() + gt + 1);
                     let types = Types::of(arg_schema(&self.cfg.tools, &self.name, &key));
-                    let head = format!(
-                        "{}{}:",
-                        if any { "," } else { "{" },
-                        Value::String(key).to_string()
-                    );
+                    let head = format!("{}{}:", if any { "," } else { "{" }, Value::String(key));
                     let streamed = types.only_string();
                     if streamed {
                         self.args(out, format!("{head}\""));
