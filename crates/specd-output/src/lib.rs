@@ -99,8 +99,8 @@ pub enum ReasoningFormat {
     None,
     /// Thoughts go to `reasoning_content`.
     Deepseek,
-    /// As `Deepseek`, and the whole message (with its `<think>` tags) stays in the content
-    /// of a non-streamed answer too.
+    /// llama-server documents it as keeping the tags in the content too, but its parser (the
+    /// one for Qwen3.5 templates included) answers exactly as `Deepseek`; so does specd.
     DeepseekLegacy,
 }
 
@@ -167,27 +167,19 @@ pub struct OutputConfig {
 pub struct ChatOutput {
     parser: parse::Parser,
     message: AssistantMessage,
-    /// Everything pushed (the content of a `DeepseekLegacy` message).
-    raw: String,
-    legacy: bool,
 }
 
 impl ChatOutput {
     pub fn new(cfg: OutputConfig) -> Self {
         ChatOutput {
-            legacy: cfg.reasoning == ReasoningFormat::DeepseekLegacy,
             parser: parse::Parser::new(cfg),
             message: AssistantMessage::default(),
-            raw: String::new(),
         }
     }
 
     /// The deltas that newly generated `text` completes (text that may still turn out to be
     /// markup is held back until it is decided).
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
-        if self.legacy {
-            self.raw.push_str(text);
-        }
         let out = self.parser.push(text);
         self.record(out)
     }
@@ -195,18 +187,7 @@ impl ChatOutput {
     /// The deltas still held back when the generation ends.
     pub fn finish(&mut self) -> Vec<Delta> {
         let out = self.parser.finish();
-        let out = self.record(out);
-        if self.legacy {
-            // deepseek-legacy: the message content keeps the thoughts with their tags (only the
-            // whole message: streamed deltas are as deepseek's).
-            let start = if self.parser.opened_in_reasoning() {
-                "<think>\n"
-            } else {
-                ""
-            };
-            self.message.content = format!("{start}{}", self.raw);
-        }
-        out
+        self.record(out)
     }
 
     /// The message so far (all of it after [`ChatOutput::finish`]).

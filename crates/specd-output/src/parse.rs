@@ -101,18 +101,20 @@ impl Parser {
             _ if cfg.in_reasoning => State::Reasoning { skip_ws: true },
             _ => State::Start,
         };
+        // Thoughts left in the content begin with the tag the prompt opened them with, as
+        // llama-server shows them.
+        let buf = match cfg.reasoning {
+            ReasoningFormat::None if cfg.in_reasoning => "<think>\n".to_string(),
+            _ => String::new(),
+        };
         Parser {
             cfg,
-            buf: String::new(),
+            buf,
             state,
             calls: 0,
             name: String::new(),
             ids: Default::default(),
         }
-    }
-
-    pub(crate) fn opened_in_reasoning(&self) -> bool {
-        self.cfg.in_reasoning && self.cfg.reasoning != ReasoningFormat::None
     }
 
     pub(crate) fn push(&mut self, text: &str) -> Vec<Delta> {
@@ -326,25 +328,22 @@ impl Parser {
     fn content(&mut self, out: &mut Vec<Delta>, eof: bool) -> bool {
         if self.tools_on() {
             if let Some(i) = self.buf.find(CALL_OPEN) {
-                // The whitespace between the content and a call is markup.
-                let c = self.buf[..i].trim_end().to_string();
+                // The text before a call stays as it is, whitespace and all (llama-server).
+                let c = self.take(i);
                 if !c.is_empty() {
                     out.push(Delta::Content(c));
                 }
-                self.buf.drain(..i + CALL_OPEN.len());
+                self.buf.drain(..CALL_OPEN.len());
                 self.state = State::CallOpen;
                 return true;
             }
         }
-        let n = if eof {
-            self.buf.len()
-        } else if self.tools_on() {
-            let keep = held(&self.buf, &[CALL_OPEN]);
-            // Trailing whitespace waits: it is dropped when a call follows.
-            self.buf[..self.buf.len() - keep].trim_end().len()
+        let keep = if eof || !self.tools_on() {
+            0
         } else {
-            self.buf.len()
+            held(&self.buf, &[CALL_OPEN])
         };
+        let n = self.buf.len() - keep;
         if n == 0 {
             return false;
         }

@@ -34,8 +34,6 @@ fn cfg(reasoning: ReasoningFormat, in_reasoning: bool, tf: Option<ToolFormat>) -
 /// The message of `text` pushed in `pieces` (byte cuts moved to char boundaries), with the
 /// call ids (random) blanked.
 fn run(cfg: OutputConfig, text: &str, cuts: &[usize]) -> AssistantMessage {
-    // deepseek-legacy: the whole message's content is not the deltas' (it keeps the tags).
-    let legacy = cfg.reasoning == ReasoningFormat::DeepseekLegacy;
     let mut o = ChatOutput::new(cfg);
     let mut last = 0;
     let mut cuts: Vec<usize> = cuts.iter().map(|&c| c % (text.len() + 1)).collect();
@@ -56,9 +54,6 @@ fn run(cfg: OutputConfig, text: &str, cuts: &[usize]) -> AssistantMessage {
         m.apply(d);
     }
     let mut got = o.message().clone();
-    if legacy {
-        m.content = got.content.clone();
-    }
     assert_eq!(m, got);
     for c in &mut got.tool_calls {
         c.id.clear();
@@ -110,18 +105,17 @@ fn reasoning_split() {
     // `<think>` only opens the message.
     let m = whole(cfg(d, false, None), "x <think>y</think>");
     assert_eq!(m.content, "x <think>y</think>");
-    // none: untouched.
+    // none: untouched, with the tag the prompt opened (llama-server).
     let m = whole(cfg(ReasoningFormat::None, true, None), "a</think>b");
+    assert_eq!(m.content, "<think>\na</think>b");
+    let m = whole(cfg(ReasoningFormat::None, false, None), "a</think>b");
     assert_eq!(m.content, "a</think>b");
-    // deepseek-legacy: the whole message keeps the tags.
+    // deepseek-legacy answers as deepseek (llama-server).
     let m = whole(
         cfg(ReasoningFormat::DeepseekLegacy, true, None),
         "a\n</think>\n\nb",
     );
-    assert_eq!(
-        (m.reasoning.as_str(), m.content.as_str()),
-        ("a\n", "<think>\na\n</think>\n\nb")
-    );
+    assert_eq!((m.reasoning.as_str(), m.content.as_str()), ("a\n", "b"));
 }
 
 #[test]
@@ -130,7 +124,8 @@ fn xml_calls_typed_by_schema() {
         cfg(ReasoningFormat::Deepseek, false, Some(ToolFormat::QwenXml)),
         XML,
     );
-    assert_eq!(m.content, "Let me check.");
+    // The text before a call keeps its whitespace (llama-server).
+    assert_eq!(m.content, "Let me check.\n\n");
     assert_eq!(
         m.tool_calls,
         vec![
@@ -163,7 +158,7 @@ fn hermes_calls() {
         cfg(ReasoningFormat::Deepseek, false, Some(ToolFormat::Hermes)),
         text,
     );
-    assert_eq!(m.content, "Sure.");
+    assert_eq!(m.content, "Sure.\n");
     assert_eq!(
         m.tool_calls,
         vec![
@@ -185,7 +180,7 @@ fn malformed_calls_are_content() {
     ] {
         let m = whole(cfg(d, false, x), text);
         assert!(m.tool_calls.is_empty(), "{text}");
-        assert_eq!(m.content, text.replacen("a ", "a", 1), "{text}");
+        assert_eq!(m.content, text, "{text}");
     }
     let h = Some(ToolFormat::Hermes);
     for text in [
