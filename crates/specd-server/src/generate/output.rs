@@ -99,7 +99,7 @@ pub(crate) fn chat_output(
     f: &Fields,
     prompt_text: &str,
 ) -> Result<(OutputConfig, Option<GrammarSpec>), ApiError> {
-    let reasoning = match f.str("reasoning_format")? {
+    let asked = match f.str("reasoning_format")? {
         None => st.cfg.reasoning_format,
         Some(s) => ReasoningFormat::parse(s).ok_or_else(|| {
             bad(
@@ -107,6 +107,13 @@ pub(crate) fn chat_output(
                 "reasoning_format",
             )
         })?,
+    };
+    // Only a template that knows thinking blocks has reasoning to split off (llama-server
+    // reads it off the template's source too): other models' text is all content.
+    let reasoning = if st.cfg.chat_template.contains("<think>") {
+        asked
+    } else {
+        ReasoningFormat::None
     };
     // A prompt ending in an open `<think>` (Qwen3 / Qwen3.5 with thinking on): the output
     // starts inside the reasoning.
