@@ -32,8 +32,11 @@ enum State {
     Content,
     /// After `<tool_call>`: the call's header decides whether it is one.
     CallOpen,
-    /// Hermes: the JSON of a call, up to `</tool_call>`.
-    Hermes,
+    /// Hermes: the JSON of a call, up to `</tool_call>`; `seen`: bytes already searched for
+    /// it (a call re-emitting a whole file must not be searched again at every token).
+    Hermes {
+        seen: usize,
+    },
     /// XML: inside `<function=…>`, between parameters; `any`: a parameter was written.
     Function {
         any: bool,
@@ -243,7 +246,7 @@ impl Parser {
                         return false;
                     }
                     if t.starts_with('{') {
-                        self.state = State::Hermes;
+                        self.state = State::Hermes { seen: 0 };
                     } else {
                         self.not_a_call(out);
                     }
@@ -251,7 +254,10 @@ impl Parser {
                 }
                 _ => self.xml_header(out, eof),
             },
-            State::Hermes => self.hermes(out, eof),
+            State::Hermes { seen } => {
+                let from = *seen;
+                self.hermes(out, eof, from)
+            }
             State::Function { any } => {
                 let any = *any;
                 let t = self.buf.trim_start();
@@ -462,11 +468,21 @@ impl Parser {
     }
 
     /// A Hermes call: `{"name": …, "arguments": …}` up to `</tool_call>`.
-    fn hermes(&mut self, out: &mut Vec<Delta>, eof: bool) -> bool {
-        let (json_end, close) = match self.buf.find(CALL_CLOSE) {
+    fn hermes(&mut self, out: &mut Vec<Delta>, eof: bool, seen: usize) -> bool {
+        // The tag may have begun in the part already searched.
+        let mut from = seen.saturating_sub(CALL_CLOSE.len() - 1);
+        while !self.buf.is_char_boundary(from) {
+            from -= 1;
+        }
+        let (json_end, close) = match self.buf[from..].find(CALL_CLOSE).map(|i| i + from) {
             Some(i) => (i, Some(i + CALL_CLOSE.len())),
             None if eof => (self.buf.len(), None),
-            None => return false,
+            None => {
+                self.state = State::Hermes {
+                    seen: self.buf.len(),
+                };
+                return false;
+            }
         };
         let call = serde_json::from_str::<Value>(self.buf[..json_end].trim())
             .ok()
