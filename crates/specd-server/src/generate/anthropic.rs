@@ -6,7 +6,8 @@
 //! `tool_use`), `stop_reason`, Anthropic usage, the named streaming events and Anthropic's error
 //! body `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
-use super::prompt::chat_prompt;
+use super::output::chat_output;
+use super::prompt::{chat_prompt, chat_prompt_text};
 use super::report::*;
 use super::stream::{sse, StreamShape};
 use super::*;
@@ -603,7 +604,12 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
     let f = Fields::of(&chat);
     let mut g = gen_params(&st, &f, Api::OaiChat)?;
     g.n_cmpl = 1;
-    let prompt = chat_prompt(&st, &f)?;
+    let (text, prompt) = chat_prompt_text(&st, &f)?;
+    // The output stage and, for a forced tool call, its grammar (as on /v1/chat/completions).
+    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
+    if tool_grammar.is_some() {
+        g.grammar = tool_grammar;
+    }
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let stops = f.strings("stop")?.unwrap_or_default();
     let id = message_id();
@@ -628,7 +634,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
                     started: false,
                     open: None,
                     n_blocks: 0,
-                    output: output_stage(&f),
+                    output: ChatOutput::new(out_cfg.clone()),
                 });
                 (r, shape)
             })
@@ -639,7 +645,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = output_stage(&f);
+    let mut output = ChatOutput::new(out_cfg.clone());
     output.push(&out.text);
     output.finish();
     let m = output.message();

@@ -137,12 +137,6 @@ pub(crate) fn tasks(prompts: Vec<Vec<u32>>, g: &GenParams) -> Vec<(Vec<u32>, Gen
     out
 }
 
-/// The output stage of one generation of a chat request (Anthropic and Responses requests
-/// are chat requests by then): what it parses the text for follows the request.
-pub(crate) fn output_stage(_f: &Fields) -> specd_output::ChatOutput {
-    specd_output::ChatOutput::new(specd_output::OutputConfig::default())
-}
-
 /// Checks a prompt and builds the engine request. An empty prompt is answered at once with
 /// nothing generated, as llama-server does.
 pub(crate) fn prepare(

@@ -7,7 +7,8 @@
 //! as output items (`reasoning`, `message`, `function_call`) and, streamed, as the typed events
 //! the official clients read, each with its `sequence_number`.
 
-use super::prompt::chat_prompt;
+use super::output::chat_output;
+use super::prompt::{chat_prompt, chat_prompt_text};
 use super::report::*;
 use super::stream::{into_response, sse, StreamShape};
 use super::*;
@@ -765,7 +766,12 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
     let mut g = gen_params(&st, &f, Api::OaiChat)?;
     g.n_cmpl = 1;
     let x = Extras::of(&st, &f, &g)?;
-    let prompt = chat_prompt(&st, &f)?;
+    let (text, prompt) = chat_prompt_text(&st, &f)?;
+    // The output stage and, for a forced tool call, its grammar (as on /v1/chat/completions).
+    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
+    if tool_grammar.is_some() {
+        g.grammar = tool_grammar;
+    }
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = item_id("resp");
     let echo = echo(&body, &model, unix_now());
@@ -782,7 +788,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
                     created: Cell::new(false),
                     open: None,
                     done: Vec::new(),
-                    output: output_stage(&f),
+                    output: ChatOutput::new(out_cfg.clone()),
                 });
                 (r, shape)
             })
@@ -793,7 +799,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = output_stage(&f);
+    let mut output = ChatOutput::new(out_cfg.clone());
     output.push(&out.text);
     output.finish();
     let items = output_items(output.message());
