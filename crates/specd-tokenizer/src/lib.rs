@@ -16,7 +16,7 @@ mod tokenizer;
 mod train;
 
 pub use chat::{ChatMessage, ChatTemplate, Continuation, CHATML_TEMPLATE};
-pub use tokenizer::{TokenType, Tokenizer, TokenizerSpec};
+pub use tokenizer::{FimTokens, TokenType, Tokenizer, TokenizerSpec};
 pub use train::{pad_vocab, train_bpe, TrainedVocab};
 
 /// Errors of the tokenizer and the chat template.

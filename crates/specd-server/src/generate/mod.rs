@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 mod chat;
 mod completions;
+mod infill;
 mod llama;
 mod prompt;
 mod report;
@@ -22,6 +23,7 @@ mod stream;
 
 pub use chat::{chat, chat_input_tokens};
 pub use completions::oai_completion;
+pub use infill::{infill, infill_drafters, infill_supported};
 pub use llama::completion;
 pub use prompt::render_chat;
 pub(crate) use report::unix_now;
