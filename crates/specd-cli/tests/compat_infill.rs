@@ -129,8 +129,24 @@ fn budgets_are_llama_servers() {
     );
     let head = tok(&s, "myproject\n").len() + tok(&s, "filename\n").len() + 2;
     let n_prompt = tok(&s, "y").len();
-    let expected = head + 1536 + n_prompt + 1 + (512 - 2 - n_prompt) + 1;
+    // Markers: prefix, suffix, middle. (llama-server: 2060 tokens on the tiny model.)
+    let expected = head + 3 + 1536 + n_prompt + (512 - 2 - n_prompt);
     assert_eq!(v["tokens_evaluated"], expected, "{v}");
+    assert_eq!(v["tokens_evaluated"], 2060);
+
+    // llama-server's -b and -n set the budgets (its test preset: -c 2048 -b 1024 -n 64): the
+    // prefix keeps 768 tokens, the suffix 254, the extra file 2048 − 1024 − 128 = 896.
+    // (llama-server: 1921 tokens, the same prompt.)
+    let s = Server::start(&["-c", "2048", "-b", "1024", "-n", "64", "-np", "1"]);
+    let v = s.ok(
+        "/infill",
+        &json!({"input_prefix": long_prefix, "input_suffix": long_suffix, "prompt": "y",
+                "input_extra": [{"filename": "a.py", "text": "z = 2\n".repeat(1000)}],
+                "n_predict": 1}),
+    );
+    let expected = 896 + 3 + 768 + n_prompt + (256 - 2 - n_prompt);
+    assert_eq!(v["tokens_evaluated"], expected, "{v}");
+    assert_eq!(v["tokens_evaluated"], 1921);
 
     let s = Server::start(&["-c", "1024"]);
     let v = s.ok(
