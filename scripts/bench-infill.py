@@ -23,7 +23,8 @@ otherwise speculate by default). The figure is `timings.predicted_per_second`, t
 Usage: python3 scripts/bench-infill.py [--specd target/debug/specd]
        [--llama ~/.cache/specd-peer/llama.cpp/bin/llama-server] [-m MODEL] [-t 2] [-n 128]
        [--reps 3] [--file /usr/lib/python3.11/json/decoder.py] [--extra .../json/scanner.py]
-       [--hole 6] [--python /work/suite-venv/bin/python (has numpy, for gguf-py)]
+       [--hole 6] [--python PY]   (PY: a Python with numpy, pyyaml and tqdm, which gguf-py needs;
+       e.g. `python3 -m venv /tmp/v && /tmp/v/bin/pip install numpy pyyaml tqdm`)
 """
 import argparse, atexit, json, os, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 
@@ -74,7 +75,7 @@ def fim_copy(python, model, out):
     for role, text in ROLES:
         cmd += ["--special-token", role, text]
     env = dict(os.environ, PYTHONPATH=GGUF_PY)
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def workload(path, extra, hole):
@@ -111,7 +112,7 @@ def main():
     ap.add_argument("--file", default="/usr/lib/python3.11/json/decoder.py")
     ap.add_argument("--extra", default="/usr/lib/python3.11/json/scanner.py")
     ap.add_argument("--hole", type=int, default=6, help="lines left out of the middle")
-    ap.add_argument("--python", default="/work/suite-venv/bin/python", help="a Python with numpy (gguf-py)")
+    ap.add_argument("--python", default=sys.executable, help="a Python with numpy, pyyaml, tqdm (gguf-py)")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="bench-infill-")

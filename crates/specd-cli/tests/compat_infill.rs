@@ -23,7 +23,13 @@ fn model_without_fim() -> &'static PathBuf {
     &M.get_or_init(|| {
         common::make_model(
             "nofim.gguf",
-            &["--preset", "qwen35-tiny", "--style", "repetitive", "--no-fim"],
+            &[
+                "--preset",
+                "qwen35-tiny",
+                "--style",
+                "repetitive",
+                "--no-fim",
+            ],
         )
     })
     .1
@@ -165,7 +171,10 @@ fn budgets_are_llama_servers() {
 #[test]
 fn errors() {
     let s = Server::start_with(model_without_fim(), &[], &[]);
-    let r = s.post("/infill", &json!({"input_prefix": "a", "input_suffix": "b"}));
+    let r = s.post(
+        "/infill",
+        &json!({"input_prefix": "a", "input_suffix": "b"}),
+    );
     let e = assert_error(&r, 501, "not_supported_error");
     assert_eq!(
         e["error"]["message"],
@@ -292,7 +301,10 @@ fn streaming() {
             last = v;
             break;
         }
-        assert!(v.get("index").is_some() && v.get("tokens_predicted").is_some(), "{v}");
+        assert!(
+            v.get("index").is_some() && v.get("tokens_predicted").is_some(),
+            "{v}"
+        );
         text.push_str(v["content"].as_str().unwrap_or(""));
     }
     assert_eq!(text, full["content"].as_str().unwrap_or(""));

@@ -929,9 +929,7 @@ fn rewrite(
         if has_ub {
             // -b is llama.cpp's logical batch; specd processes prompts in chunks of -ub.
             out.drain(i..(i + if inline { 1 } else { 2 }).min(out.len()));
-            eprintln!(
-                "warning: '-b' ignored: specd processes prompts in chunks of --ubatch-size"
-            );
+            eprintln!("warning: '-b' ignored: specd processes prompts in chunks of --ubatch-size");
         }
         if let Some(v) = value {
             out.push("--infill-batch".into());

@@ -36,7 +36,11 @@ fn fim_tokens(st: &AppState) -> Result<(FimTokens, [u32; 3]), ApiError> {
         return Ok((fim, [p, s, m]));
     }
     let mut missing = String::new();
-    for (id, what) in [(fim.pre, "prefix"), (fim.suf, "suffix"), (fim.mid, "middle")] {
+    for (id, what) in [
+        (fim.pre, "prefix"),
+        (fim.suf, "suffix"),
+        (fim.mid, "middle"),
+    ] {
         if id.is_none() {
             missing.push_str(&format!("{what} token is missing. "));
         }
