@@ -18,7 +18,7 @@ Runs. Both servers get the same command line (`-c 8192 -t T`): plain, and with
 `--spec-type ngram-map-k` (the drafter specd's /infill uses by default). specd's plain figure comes
 from its plain server with `"speculative": {"enabled": false}` in the request (its /infill would
 otherwise speculate by default). The figure is `timings.predicted_per_second`, the median of
-`--reps` requests; the texts of plain and speculative runs must be equal (greedy).
+`--reps` requests after one warm-up request; the texts of plain and speculative runs must be equal (greedy).
 
 Usage: python3 scripts/bench-infill.py [--specd target/debug/specd]
        [--llama ~/.cache/specd-peer/llama.cpp/bin/llama-server] [-m MODEL] [-t 2] [-n 128]
@@ -92,6 +92,8 @@ def workload(path, extra, hole):
 
 
 def run(server, body, reps):
+    # One request first, not counted: the first one pays for page faults and lazy allocations.
+    post(server.port, "/infill", dict(body, n_predict=4))
     rates, out = [], None
     for _ in range(reps):
         v = post(server.port, "/infill", body)
