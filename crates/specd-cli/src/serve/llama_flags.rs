@@ -1059,7 +1059,9 @@ mod tests {
         let v = pre_env("specd serve", &env).unwrap();
         assert_eq!(
             v,
-            words("specd serve --n-predict=-1 --ubatch-size=64 --cache-type-k f16")
+            words(
+                "specd serve --n-predict=-1 --ubatch-size=64 --cache-type-k f16 --infill-batch 256"
+            )
         );
         // LLAMA_ARG_NO_X turns a switch off whatever its value; falsey values do too.
         let v = pre_env("specd serve", &[("LLAMA_ARG_NO_ENDPOINT_SLOTS", "")]).unwrap();
