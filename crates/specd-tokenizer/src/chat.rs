@@ -1,8 +1,13 @@
-//! Chat templates (`tokenizer.chat_template`), rendered with minijinja.
+//! Chat templates (`tokenizer.chat_template`), rendered with minijinja as llama-server renders
+//! them: the conversation prepared as llama-server prepares it ([`crate::template_inputs`]) and
+//! values written as its Jinja engine writes them ([`crate::template_text`]).
 
-use crate::TokenizerError;
+use crate::template_caps::{self, TemplateCaps};
+use crate::{template_env, template_inputs, TokenizerError};
+use chrono::NaiveDateTime;
 use minijinja::{Environment, Value};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
 
 /// A ChatML template, the one the synthetic test models carry (and a fallback for files
 /// without a template).
@@ -88,18 +93,63 @@ pub enum Continuation {
     Reasoning,
 }
 
-/// A compiled chat template.
+/// A compiled chat template, with what it does with its inputs ([`TemplateCaps`]).
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    caps: TemplateCaps,
+    /// One of llama.cpp's built-in templates ([`crate::templates`]): llama-server renders those
+    /// in C++ from each message's role and text, without the preparation real templates get.
+    builtin: bool,
+    /// GPT-OSS templates have a `developer` role of their own; others see it as `system`.
+    keep_developer: bool,
+    /// kwargs every render starts from (llama-server's `--chat-template-kwargs`).
+    defaults: Map<String, Json>,
+    /// Drop a BOS text the template writes first / an EOS text it writes last, for a tokenizer
+    /// that adds them itself (as llama-server does).
+    strip_bos: bool,
+    strip_eos: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ChatTemplate")
+        f.debug_struct("ChatTemplate")
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
     }
 }
+
+/// The inputs of one render.
+#[derive(Debug, Clone, Default)]
+pub struct ChatInputs<'a> {
+    /// The conversation, as the OpenAI API sends it.
+    pub messages: &'a [ChatMessage],
+    /// The request's `tools` (OpenAI function tools).
+    pub tools: Option<&'a Json>,
+    /// The request's `chat_template_kwargs` (over the template's defaults).
+    pub kwargs: Map<String, Json>,
+    pub add_generation_prompt: bool,
+    /// The local time the template sees (`strftime_now`, `date_string`); none: now.
+    pub now: Option<NaiveDateTime>,
+}
+
+/// Templates llama.cpp patches when it loads them, because a guard in them refuses
+/// conversations llama-server hands them: (the template family's marker, guard, replacement).
+const SOURCE_PATCHES: &[(&str, &str, &str)] = &[
+    // GPT-OSS: refuses history that holds its channel markers.
+    (
+        "<|channel|>",
+        "{%- if \"<|channel|>analysis<|message|>\" in message.content or \"<|channel|>final<|message|>\" in message.content %}",
+        "{%- if false %}",
+    ),
+    // Mistral with [TOOL_CALLS]: refuses an assistant message with neither content nor calls.
+    (
+        "[TOOL_CALLS]",
+        "{%- if (message['content'] is none or message['content'] == '' or message['content']|length == 0) and (message['tool_calls'] is not defined or message['tool_calls'] is none or message['tool_calls']|length == 0) %}",
+        "{%- if false %}",
+    ),
+];
 
 impl ChatTemplate {
     /// Compiles `source` (HF / Jinja syntax) without BOS/EOS texts.
@@ -109,59 +159,169 @@ impl ChatTemplate {
 
     /// Compiles `source`; `bos_token` / `eos_token` are visible to the template.
     pub fn with_special_tokens(source: &str, bos: &str, eos: &str) -> Result<Self, TokenizerError> {
-        let mut env = Environment::new();
-        // HF renders chat templates with trim_blocks and lstrip_blocks.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        // Python string methods (`.strip()`, `.startswith()`, …) that real templates call.
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<Value, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_function("strftime_now", |_fmt: String| -> String {
-            // Templates use it for a "today is" line; a fixed date keeps prompts reproducible.
-            "01 Jan 2026".to_string()
-        });
-        env.add_template_owned("chat", source.to_string())?;
+        let mut source = source.to_string();
+        for (family, guard, replacement) in SOURCE_PATCHES {
+            if source.contains(family) {
+                source = source.replace(guard, replacement);
+            }
+        }
+        let builtin = crate::templates::is_builtin(&source);
+        let keep_developer = source.contains("<|channel|>");
+        let env = template_env::environment(source.clone())?;
+        let caps = {
+            let t = env.get_template("chat")?;
+            template_caps::probe(&source, |ctx| t.render(ctx))
+        };
+        let mut defaults = Map::new();
+        // llama-server keeps the reasoning of earlier turns unless told not to
+        // (`--no-reasoning-preserve`).
+        defaults.insert("preserve_reasoning".into(), true.into());
         Ok(ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
+            caps,
+            builtin,
+            keep_developer,
+            defaults,
+            strip_bos: false,
+            strip_eos: false,
         })
     }
 
-    /// Renders `messages`; `extra` adds variables (`tools`, `enable_thinking`, …).
+    /// What the template does with its inputs.
+    pub fn caps(&self) -> &TemplateCaps {
+        &self.caps
+    }
+
+    /// Sets kwargs every render starts from (a request's `chat_template_kwargs` override them).
+    pub fn set_default_kwargs(&mut self, kwargs: &Map<String, Json>) {
+        for (k, v) in kwargs {
+            self.defaults.insert(k.clone(), v.clone());
+        }
+    }
+
+    /// For a tokenizer that adds BOS / EOS itself: drop the BOS text a prompt starts with and
+    /// the EOS text it ends with.
+    pub fn set_added_special_tokens(&mut self, add_bos: bool, add_eos: bool) {
+        self.strip_bos = add_bos && !self.bos.is_empty();
+        self.strip_eos = add_eos && !self.eos.is_empty();
+    }
+
+    /// Renders `messages`; `extra` holds the request's `tools` and its `chat_template_kwargs`.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        extra: &serde_json::Map<String, serde_json::Value>,
+        extra: &Map<String, Json>,
     ) -> Result<String, TokenizerError> {
-        let msgs: Vec<serde_json::Value> = messages
+        let mut kwargs = extra.clone();
+        let tools = kwargs.remove("tools");
+        self.render_inputs(&ChatInputs {
+            messages,
+            tools: tools.as_ref(),
+            kwargs,
+            add_generation_prompt,
+            now: None,
+        })
+    }
+
+    /// Renders a conversation as llama-server renders it.
+    pub fn render_inputs(&self, inputs: &ChatInputs) -> Result<String, TokenizerError> {
+        let now = inputs
+            .now
+            .unwrap_or_else(|| chrono::Local::now().naive_local());
+        let ctx = self.context(inputs, now)?;
+        let t = self.env.get_template("chat")?;
+        let mut out = template_env::at(now, || t.render(Value::from_serialize(&ctx)))?;
+        if self.strip_bos && out.starts_with(&self.bos) {
+            out.drain(..self.bos.len());
+        }
+        if self.strip_eos && out.ends_with(&self.eos) {
+            out.truncate(out.len() - self.eos.len());
+        }
+        Ok(out)
+    }
+
+    /// The variables the template sees.
+    fn context(
+        &self,
+        inputs: &ChatInputs,
+        now: NaiveDateTime,
+    ) -> Result<Map<String, Json>, TokenizerError> {
+        if self.builtin {
+            return self.builtin_context(inputs);
+        }
+        let mut kwargs = self.defaults.clone();
+        for (k, v) in &inputs.kwargs {
+            kwargs.insert(k.clone(), v.clone());
+        }
+        let enable_thinking =
+            template_inputs::enable_thinking(&kwargs)?.unwrap_or(self.caps.thinking);
+        let mut ctx = Map::new();
+        // Names templates use for keeping earlier reasoning and for the effort level.
+        if let Some(Json::Bool(keep)) = kwargs.get("preserve_reasoning") {
+            ctx.insert("preserve_thinking".into(), (*keep).into());
+            for name in [
+                "clear_thinking",
+                "truncate_history_thinking",
+                "drop_thinking",
+            ] {
+                ctx.insert(name.into(), (!keep).into());
+            }
+        }
+        if let Some(Json::String(level)) = kwargs.get("reasoning_effort") {
+            if !level.is_empty() {
+                ctx.insert("reasoning_effort".into(), level.clone().into());
+                ctx.insert("reasoning_strength".into(), level.clone().into());
+            }
+        }
+        let messages = template_inputs::messages(inputs.messages, &self.caps, self.keep_developer)?;
+        ctx.insert("messages".into(), messages.into());
+        ctx.insert("bos_token".into(), self.bos.clone().into());
+        ctx.insert("eos_token".into(), self.eos.clone().into());
+        ctx.insert("enable_thinking".into(), enable_thinking.into());
+        if let Some(tools) = template_inputs::tools(inputs.tools)? {
+            ctx.insert("tools".into(), tools);
+        }
+        ctx.insert("datetime".into(), now.format("%b %d %Y").to_string().into());
+        ctx.insert(
+            "date_string".into(),
+            now.format("%d %b %Y").to_string().into(),
+        );
+        for (k, v) in kwargs {
+            ctx.insert(k, v);
+        }
+        if inputs.add_generation_prompt {
+            ctx.insert("add_generation_prompt".into(), true.into());
+        }
+        Ok(ctx)
+    }
+
+    /// The variables a built-in template sees: the messages with their text, the kwargs.
+    fn builtin_context(&self, inputs: &ChatInputs) -> Result<Map<String, Json>, TokenizerError> {
+        let messages = inputs
+            .messages
             .iter()
             .map(|m| {
                 m.validate()?;
                 let mut o = m.extra.clone();
                 o.insert("role".into(), m.role.clone().into());
                 o.insert("content".into(), m.content_text().into());
-                Ok(serde_json::Value::Object(o))
+                Ok(Json::Object(o))
             })
-            .collect::<Result<_, TokenizerError>>()?;
-        let mut ctx = extra.clone();
-        ctx.insert("messages".into(), msgs.into());
-        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
+        let mut ctx = inputs.kwargs.clone();
+        ctx.insert("messages".into(), messages.into());
+        ctx.insert(
+            "add_generation_prompt".into(),
+            inputs.add_generation_prompt.into(),
+        );
         ctx.entry("bos_token")
             .or_insert_with(|| self.bos.clone().into());
         ctx.entry("eos_token")
             .or_insert_with(|| self.eos.clone().into());
-        let t = self.env.get_template("chat")?;
-        Ok(t.render(Value::from_serialize(&ctx))?)
+        Ok(ctx)
     }
 
     /// Renders `messages` so that generation continues the last one instead of answering it

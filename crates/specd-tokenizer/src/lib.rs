@@ -5,17 +5,25 @@
 //!   and the pre-tokenizer regexes run in the `tokenizers` crate.
 //! * [`pretokenizer`]: the split regexes that `tokenizer.ggml.pre` names.
 //! * [`train_bpe`] / [`pad_vocab`]: train a real BPE vocabulary (used by the synthetic test models).
-//! * [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja (Python string methods).
+//! * [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja to the prompt llama-server
+//!   renders (the conversation prepared as it prepares it, values written as its Jinja engine
+//!   writes them, [`TemplateCaps`] found by probing the template).
 //! * [`templates`]: llama.cpp's built-in chat templates by name (`llama3`, `command-r`, …).
 
 pub mod bytes;
 mod chat;
 pub mod pretokenizer;
+mod template_caps;
+mod template_env;
+mod template_inputs;
+mod template_text;
 pub mod templates;
 mod tokenizer;
 mod train;
 
-pub use chat::{ChatMessage, ChatTemplate, Continuation, CHATML_TEMPLATE};
+pub use chat::{ChatInputs, ChatMessage, ChatTemplate, Continuation, CHATML_TEMPLATE};
+pub use chrono::NaiveDateTime;
+pub use template_caps::TemplateCaps;
 pub use tokenizer::{FimTokens, TokenType, Tokenizer, TokenizerSpec};
 pub use train::{pad_vocab, train_bpe, TrainedVocab};
 

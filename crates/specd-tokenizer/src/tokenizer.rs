@@ -376,6 +376,10 @@ impl Tokenizer {
     pub fn add_bos(&self) -> bool {
         self.spec.add_bos
     }
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.spec.add_eos
+    }
     fn bos_text(&self) -> &str {
         self.spec
             .bos_id

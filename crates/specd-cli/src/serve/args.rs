@@ -87,6 +87,23 @@ pub struct ServeArgs {
     /// File holding a Jinja chat template.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
+    /// JSON object of variables every chat template render sees, e.g.
+    /// '{"enable_thinking": false}' (a request's `chat_template_kwargs` override them).
+    #[arg(long = "chat-template-kwargs")]
+    pub chat_template_kwargs: Option<String>,
+    /// Thinking in chat templates: `on` / `off` render them with `enable_thinking` true / false;
+    /// `auto` leaves it to the template (on where it has reasoning markers).
+    #[arg(long = "reasoning", num_args = 0..=1, default_missing_value = "on")]
+    pub reasoning: Option<String>,
+    /// Templates keep the reasoning of earlier assistant turns (`preserve_reasoning`; default).
+    #[arg(long = "reasoning-preserve", overrides_with = "no_reasoning_preserve")]
+    pub reasoning_preserve: bool,
+    #[arg(long = "no-reasoning-preserve")]
+    pub no_reasoning_preserve: bool,
+    /// Reasoning effort level templates see (`reasoning_effort`: `low`, `medium`, `high`, …);
+    /// `default` leaves it to the template.
+    #[arg(long = "reasoning-effort")]
+    pub reasoning_effort: Option<String>,
     /// Render chat templates with Jinja (always on in specd).
     #[arg(long = "jinja", overrides_with = "no_jinja")]
     pub jinja: bool,

@@ -107,7 +107,6 @@ const NO_TOOLS: &str = "specd has no built-in agent tools";
 const MEDIA: &str = "only used with a multimodal projector, which specd does not load";
 const ROUTER: &str = "only used in router mode (--models-dir), which specd does not have";
 const NGRAM: &str = "specd's n-gram drafters size themselves";
-const TEMPLATE: &str = "specd renders chat templates as they are written";
 const REASONING: &str = "specd returns the generated text as it is (no reasoning parsing)";
 
 // Reasons shown with refused flags.
@@ -402,7 +401,7 @@ static OPTIONS: &[Opt] = &[
         Refuse("specd serves plain HTTP (put a TLS proxy in front)"),
     )
     .env("LLAMA_ARG_SSL_CERT_FILE"),
-    opt(&["--chat-template-kwargs"], One, Ignore(TEMPLATE)).env("LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
+    opt(&["--chat-template-kwargs"], One, Take).env("LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
     opt(&["-to", "--timeout"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_TIMEOUT"),
     opt(&["--sse-ping-interval"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_SSE_PING_INTERVAL"),
     opt(&["--threads-http"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_THREADS_HTTP"),
@@ -441,17 +440,12 @@ static OPTIONS: &[Opt] = &[
         .neg(&["--no-jinja"])
         .env("LLAMA_ARG_JINJA"),
     opt(&["--reasoning-format"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK"),
-    opt(
-        &["-rea", "--reasoning"],
-        Val::Opt(ON_OFF),
-        Ignore(REASONING),
-    )
-    .env("LLAMA_ARG_REASONING"),
-    opt(&["--reasoning-effort"], One, Ignore(REASONING)).env("LLAMA_ARG_REASONING_EFFORT"),
+    opt(&["-rea", "--reasoning"], Val::Opt(ON_OFF), Take).env("LLAMA_ARG_REASONING"),
+    opt(&["--reasoning-effort"], One, Take).env("LLAMA_ARG_REASONING_EFFORT"),
     opt(&["--reasoning-budget"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK_BUDGET"),
     opt(&["--reasoning-budget-message"], One, Ignore(REASONING))
         .env("LLAMA_ARG_THINK_BUDGET_MESSAGE"),
-    opt(&["--reasoning-preserve"], Switch, Ignore(REASONING))
+    opt(&["--reasoning-preserve"], Switch, Take)
         .neg(&["--no-reasoning-preserve"])
         .env("LLAMA_ARG_REASONING_PRESERVE"),
     opt(&["--chat-template"], One, Take).env("LLAMA_ARG_CHAT_TEMPLATE"),

@@ -50,6 +50,46 @@ fn chat_template(t: &str) -> Result<String> {
     )
 }
 
+/// The variables every chat template render starts from: `--chat-template-kwargs`, then what
+/// `--reasoning`, `--reasoning-effort` and `--[no-]reasoning-preserve` set (`enable_thinking`,
+/// `reasoning_effort`, `preserve_reasoning`), as llama-server sets them.
+fn template_kwargs(a: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut kwargs = match &a.chat_template_kwargs {
+        None => serde_json::Map::new(),
+        Some(s) => match serde_json::from_str(s) {
+            Ok(serde_json::Value::Object(o)) => o,
+            _ => bail!(
+                "--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}'"
+            ),
+        },
+    };
+    if let Some(r) = &a.reasoning {
+        match r.to_ascii_lowercase().as_str() {
+            "on" | "enabled" | "true" | "1" => {
+                kwargs.insert("enable_thinking".into(), true.into());
+            }
+            "off" | "disabled" | "false" | "0" => {
+                kwargs.insert("enable_thinking".into(), false.into());
+            }
+            "auto" => {}
+            _ => bail!("--reasoning {r}: expected on, off or auto"),
+        }
+    }
+    match a.reasoning_effort.as_deref() {
+        None => {}
+        Some("default") => {
+            kwargs.remove("reasoning_effort");
+        }
+        Some(level) => {
+            kwargs.insert("reasoning_effort".into(), level.into());
+        }
+    }
+    if a.reasoning_preserve || a.no_reasoning_preserve {
+        kwargs.insert("preserve_reasoning".into(), a.reasoning_preserve.into());
+    }
+    Ok(kwargs)
+}
+
 /// `--cors-origins`, or its default: any origin, but only localhost when llama-server's agent
 /// tools or MCP servers are asked for (as llama-server does). Those are accepted with a warning:
 /// specd has none of them.
@@ -264,6 +304,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             logit_bias: a.sampling.logit_bias.clone(),
         },
         chat_template,
+        chat_template_kwargs: template_kwargs(&a)?,
         cors: Cors {
             origins: cors_origins,
             methods: a.cors_methods.clone(),

@@ -13,20 +13,24 @@ use specd_spec::{DrafterKind, SeqOutput, SequenceRequest, SpecParams};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+mod anthropic;
 mod chat;
 mod completions;
 mod infill;
 mod llama;
 mod prompt;
 mod report;
+mod responses;
 mod stream;
 
+pub use anthropic::{count_tokens as messages_count_tokens, messages};
 pub use chat::{chat, chat_input_tokens};
 pub use completions::oai_completion;
 pub use infill::{infill, infill_drafters, infill_supported};
 pub use llama::completion;
 pub use prompt::render_chat;
 pub(crate) use report::unix_now;
+pub use responses::{responses, responses_input_tokens};
 
 /// The generation settings of a request as llama-server reports them (`generation_settings`,
 /// `/props`, `/slots`).
@@ -132,6 +136,12 @@ pub(crate) fn tasks(prompts: Vec<Vec<u32>>, g: &GenParams) -> Vec<(Vec<u32>, Gen
         }
     }
     out
+}
+
+/// The output stage of one generation of a chat request (Anthropic and Responses requests
+/// are chat requests by then): what it parses the text for follows the request.
+pub(crate) fn output_stage(_f: &Fields) -> specd_output::ChatOutput {
+    specd_output::ChatOutput::new(specd_output::OutputConfig::default())
 }
 
 /// Checks a prompt and builds the engine request. An empty prompt is answered at once with

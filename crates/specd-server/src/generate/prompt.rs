@@ -140,6 +140,17 @@ pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
         .object("chat_template_kwargs")?
         .map(|o| o.0.clone())
         .unwrap_or_default();
+    // OpenAI's `reasoning_effort`: a level for templates that read one; "none" turns thinking off.
+    match f.get("reasoning_effort").and_then(Value::as_str) {
+        Some("none") => {
+            extra.insert("enable_thinking".into(), false.into());
+            extra.remove("reasoning_effort");
+        }
+        Some(level) if !level.is_empty() => {
+            extra.insert("reasoning_effort".into(), level.into());
+        }
+        _ => {}
+    }
     if let Some(t) = f.get("tools") {
         extra.insert("tools".into(), t.clone());
     }

@@ -78,3 +78,9 @@ pub fn named(name: &str) -> Option<&'static str> {
 pub fn names() -> impl Iterator<Item = &'static str> {
     NAMED.iter().map(|(n, _)| *n)
 }
+
+/// Whether `source` is one of the built-in templates: llama-server renders those with its C++
+/// renderer, which sees each message as its role and text only (no Jinja preparation).
+pub fn is_builtin(source: &str) -> bool {
+    NAMED.iter().any(|(_, s)| *s == source)
+}
