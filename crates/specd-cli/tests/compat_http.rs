@@ -395,7 +395,7 @@ fn models_with_aliases_and_tags() {
         );
         let meta = &d["meta"];
         assert_eq!(meta["vocab_type"], 2);
-        assert_eq!(meta["n_vocab"], 1024);
+        assert_eq!(meta["n_vocab"], 1030);
         assert_eq!(meta["n_ctx"], 256);
         assert!(meta["n_ctx_train"].is_u64());
         assert!(meta["n_embd"].is_u64());

@@ -32,7 +32,7 @@ fn info_endpoints() {
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["id"], "tiny");
     assert_eq!(m["data"][0]["tags"], json!(["a", "b"]));
-    assert_eq!(m["data"][0]["meta"]["n_vocab"], 1024);
+    assert_eq!(m["data"][0]["meta"]["n_vocab"], 1030);
 
     let p = s.get("/props").json();
     assert_eq!(p["total_slots"], 2);

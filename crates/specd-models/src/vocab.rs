@@ -2,11 +2,24 @@
 
 use crate::ModelError;
 use specd_gguf::GgufFile;
-use specd_tokenizer::{Tokenizer, TokenizerSpec};
+use specd_tokenizer::{FimTokens, Tokenizer, TokenizerSpec};
 
 /// Reads `tokenizer.ggml.*` and `tokenizer.chat_template`.
 pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<Tokenizer, ModelError> {
     let opt_id = |k: &str| -> Result<Option<u32>, ModelError> { Ok(g.get_opt_u32(k)?) };
+    let fim_id = |name: &str| opt_id(&format!("tokenizer.ggml.{name}_token_id"));
+    // The deprecated keys llama.cpp still reads for the first three roles.
+    let fim_or = |name: &str, old: &str| -> Result<Option<u32>, ModelError> {
+        Ok(fim_id(name)?.or(opt_id(&format!("tokenizer.ggml.{old}_token_id"))?))
+    };
+    let fim = FimTokens {
+        pre: fim_or("fim_pre", "prefix")?,
+        suf: fim_or("fim_suf", "suffix")?,
+        mid: fim_or("fim_mid", "middle")?,
+        pad: fim_id("fim_pad")?,
+        rep: fim_id("fim_rep")?,
+        sep: fim_id("fim_sep")?,
+    };
     let spec = TokenizerSpec {
         model: g.get_str("tokenizer.ggml.model")?.to_string(),
         pre: g
@@ -36,6 +49,7 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<Tokenizer, ModelError> {
         chat_template: g
             .get_opt_str("tokenizer.chat_template")?
             .map(str::to_string),
+        fim,
     };
     Ok(Tokenizer::from_spec(spec)?)
 }

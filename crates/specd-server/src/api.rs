@@ -115,6 +115,14 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
             "ctx_checkpoints": st.cfg.ctx_checkpoints,
             "spec_types": d.spec.drafters.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "draft_model": st.cfg.draft_model.is_some(),
+            // `/infill` (and `suffix`) speculate by default with these drafters.
+            "infill": {
+                "supported": crate::generate::infill_supported(&st),
+                "spec_types": crate::generate::infill_drafters(&d.spec)
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>(),
+            },
             "memory": {
                 "kv_bytes": mem.kv_bytes,
                 "recurrent_bytes": mem.recurrent_bytes,

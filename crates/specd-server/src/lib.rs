@@ -98,6 +98,8 @@ pub struct ServerConfig {
     pub vertex: Option<vertex::Vertex>,
     /// `--sleep-idle-seconds`: release the engine after this long without work.
     pub sleep_idle: Option<std::time::Duration>,
+    /// llama-server's logical batch (`-b`): what an /infill prompt keeps of its prefix and suffix.
+    pub infill_batch: usize,
 }
 
 /// Shared state of the HTTP handlers.
@@ -280,6 +282,7 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         ("/apply-template", post(api::apply_template)),
         ("/completion", post(generate::completion)),
         ("/completions", post(generate::completion)),
+        ("/infill", post(generate::infill)),
         ("/v1/completions", post(generate::oai_completion)),
         ("/chat/completions", post(generate::chat)),
         ("/v1/chat/completions", post(generate::chat)),

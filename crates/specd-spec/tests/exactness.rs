@@ -216,7 +216,7 @@ proptest! {
         adaptive in any::<bool>(),
         grammar in 0usize..4,
         f16_cache in any::<bool>(),
-        // Ids up to a little past the tiny vocabularies (1024): those are ignored.
+        // Ids up to a little past the tiny vocabularies (1030): those are ignored.
         logit_bias in proptest::collection::vec(
             (0u32..1100, prop_oneof![3 => -8.0f32..8.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(30.0f32)]),
             0..6,

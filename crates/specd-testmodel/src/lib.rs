@@ -72,6 +72,9 @@ pub struct TestModelSpec {
     pub full_attention_interval: usize,
     /// Append one MTP (NextN) block.
     pub mtp: bool,
+    /// Qwen2.5/3-Coder's fill-in-the-middle tokens in the vocabulary (after the trained ones),
+    /// named by the `tokenizer.ggml.fim_*_token_id` keys.
+    pub fim: bool,
     /// Type of 2-D weight matrices (norms and small vectors stay F32, as llama.cpp's quantizer
     /// leaves them), used when `mix` is `None`. Rows whose length does not fit the type's block
     /// get llama.cpp's fallback type (see [`mix`]).

@@ -58,7 +58,8 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
     let base = TestModelSpec {
         arch: TestArch::Qwen35,
         name: String::new(),
-        n_vocab: 1024,
+        // The trained tokens, 3 chat specials and 6 FIM tokens (Qwen2.5/3-Coder's).
+        n_vocab: 1030,
         n_vocab_trained: 1021,
         n_embd: 64,
         n_layer: 4,
@@ -77,6 +78,7 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
         ssm_n_v_heads: 4,
         full_attention_interval: 4,
         mtp: false,
+        fim: true,
         wtype: TensorType::F32,
         mix: None,
         style: WeightStyle::Varied,
@@ -89,7 +91,7 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
         },
         Preset::Qwen35Small => TestModelSpec {
             name: "qwen35-small".into(),
-            n_vocab: 4096,
+            n_vocab: 4102,
             n_vocab_trained: 4093,
             n_embd: 256,
             n_layer: 8,
@@ -160,7 +162,7 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
         Preset::LlamaSmall => TestModelSpec {
             arch: TestArch::Llama,
             name: "llama-small".into(),
-            n_vocab: 4096,
+            n_vocab: 4102,
             n_vocab_trained: 4093,
             n_embd: 256,
             n_layer: 4,

@@ -4,10 +4,23 @@ use crate::mix::{self, ModelInfo, Quant};
 use crate::rng::WeightRng;
 use crate::{TestArch, TestModelError, TestModelSpec, WeightStyle, CORPUS};
 use specd_gguf::{quant, GgufError, GgufWriter, TensorSink, TensorType};
-use specd_tokenizer::{pad_vocab, train_bpe, CHATML_TEMPLATE};
+use specd_tokenizer::{pad_vocab, train_bpe, TokenType, CHATML_TEMPLATE};
 use std::path::Path;
 
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Qwen2.5/3-Coder's fill-in-the-middle tokens (control tokens, in their vocabulary's order),
+/// with the `tokenizer.ggml.*_token_id` key that names each: prefix, middle, suffix, padding,
+/// and the repo-level format's repository and file markers. They follow the trained tokens, so
+/// adding them moved no other token.
+const FIM: [(&str, &str); 6] = [
+    ("<|fim_prefix|>", "fim_pre"),
+    ("<|fim_middle|>", "fim_mid"),
+    ("<|fim_suffix|>", "fim_suf"),
+    ("<|fim_pad|>", "fim_pad"),
+    ("<|repo_name|>", "fim_rep"),
+    ("<|file_sep|>", "fim_sep"),
+];
 
 /// How a tensor's values are drawn (from its own seeded stream, keyed by its name).
 #[derive(Debug, Clone, Copy)]
@@ -294,8 +307,22 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
             spec.n_vocab
         )));
     }
+    let n_fim = if spec.fim { FIM.len() } else { 0 };
+    if vocab.tokens.len() + n_fim > spec.n_vocab {
+        return Err(TestModelError::Invalid(format!(
+            "trained vocabulary ({}) and {} FIM tokens exceed n_vocab {}",
+            vocab.tokens.len(),
+            n_fim,
+            spec.n_vocab
+        )));
+    }
+    for (text, _) in FIM.iter().filter(|_| spec.fim) {
+        vocab.tokens.push(text.to_string());
+        vocab.token_types.push(TokenType::Control.to_i32());
+    }
     let id_of = |t: &str| vocab.tokens.iter().position(|x| x == t).map(|i| i as u32);
     let (eot, bos, im_end) = (id_of(SPECIALS[0]), id_of(SPECIALS[1]), id_of(SPECIALS[2]));
+    let fim_ids: Vec<(&str, Option<u32>)> = FIM.iter().map(|(t, k)| (*k, id_of(t))).collect();
     pad_vocab(&mut vocab, spec.n_vocab)?;
 
     let mut w = GgufWriter::new();
@@ -362,6 +389,11 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
                 w.add_u32("tokenizer.ggml.eos_token_id", id);
             }
             w.add_bool("tokenizer.ggml.add_bos_token", true);
+        }
+    }
+    for (key, id) in fim_ids {
+        if let Some(id) = id {
+            w.add_u32(&format!("tokenizer.ggml.{key}_token_id"), id);
         }
     }
     w.add_string("tokenizer.chat_template", CHATML_TEMPLATE);

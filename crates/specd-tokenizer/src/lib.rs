@@ -24,7 +24,7 @@ mod train;
 pub use chat::{ChatInputs, ChatMessage, ChatTemplate, Continuation, CHATML_TEMPLATE};
 pub use chrono::NaiveDateTime;
 pub use template_caps::TemplateCaps;
-pub use tokenizer::{TokenType, Tokenizer, TokenizerSpec};
+pub use tokenizer::{FimTokens, TokenType, Tokenizer, TokenizerSpec};
 pub use train::{pad_vocab, train_bpe, TrainedVocab};
 
 /// Errors of the tokenizer and the chat template.

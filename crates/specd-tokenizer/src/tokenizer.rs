@@ -69,7 +69,88 @@ pub struct TokenizerSpec {
     pub add_bos: bool,
     pub add_eos: bool,
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.fim_*_token_id` (missing ones are found by their text, as llama.cpp does).
+    pub fim: FimTokens,
 }
+
+/// The fill-in-the-middle tokens of a code model: `[pre]prefix[suf]suffix[mid]middle`, and the
+/// repo-level format's repository (`rep`) and file (`sep`) markers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FimTokens {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
+}
+
+impl FimTokens {
+    /// The GGUF key suffixes (`tokenizer.ggml.<name>_token_id`), in field order.
+    pub const KEYS: [&'static str; 6] = [
+        "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
+    ];
+
+    fn slots(&mut self) -> [&mut Option<u32>; 6] {
+        [
+            &mut self.pre,
+            &mut self.suf,
+            &mut self.mid,
+            &mut self.pad,
+            &mut self.rep,
+            &mut self.sep,
+        ]
+    }
+
+    /// The ids in [`Self::KEYS`] order.
+    pub fn ids(&self) -> [Option<u32>; 6] {
+        [self.pre, self.suf, self.mid, self.pad, self.rep, self.sep]
+    }
+}
+
+/// Token texts that mark FIM roles in vocabularies whose files do not name them (llama.cpp
+/// recognises the same texts), in [`FimTokens::KEYS`] order.
+const FIM_TEXTS: [&[&str]; 6] = [
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
+    &["<|file_sep|>"],
+];
 
 /// Texts that mark the end of a turn in common vocabularies; llama.cpp treats control tokens with
 /// these texts as end-of-generation even when the metadata names only one EOS.
@@ -115,7 +196,7 @@ enum Frag<'a> {
 
 impl Tokenizer {
     /// Builds the tokenizer, checking the metadata for consistency.
-    pub fn from_spec(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+    pub fn from_spec(mut spec: TokenizerSpec) -> Result<Self, TokenizerError> {
         if spec.model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(spec.model.clone()));
         }
@@ -137,6 +218,12 @@ impl Tokenizer {
             ("eot", spec.eot_id),
             ("eom", spec.eom_id),
             ("padding", spec.pad_id),
+            ("fim_pre", spec.fim.pre),
+            ("fim_suf", spec.fim.suf),
+            ("fim_mid", spec.fim.mid),
+            ("fim_pad", spec.fim.pad),
+            ("fim_rep", spec.fim.rep),
+            ("fim_sep", spec.fim.sep),
         ] {
             if let Some(id) = id {
                 if id as usize >= n {
@@ -146,7 +233,7 @@ impl Tokenizer {
                 }
             }
         }
-        let types: Vec<TokenType> = if spec.token_types.is_empty() {
+        let mut types: Vec<TokenType> = if spec.token_types.is_empty() {
             vec![TokenType::Normal; n]
         } else {
             spec.token_types
@@ -154,6 +241,20 @@ impl Tokenizer {
                 .map(|&t| TokenType::from_i32(t))
                 .collect()
         };
+        // FIM roles the metadata leaves out, found by text; such a token is a control token
+        // whatever its stored type (llama.cpp overrides it the same way).
+        for (slot, texts) in spec.fim.slots().into_iter().zip(FIM_TEXTS) {
+            if slot.is_none() {
+                *slot = spec
+                    .tokens
+                    .iter()
+                    .position(|t| texts.contains(&t.as_str()))
+                    .map(|i| i as u32);
+                if let Some(i) = *slot {
+                    types[i as usize] = TokenType::Control;
+                }
+            }
+        }
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         for (i, t) in spec.tokens.iter().enumerate() {
             vocab.insert(t.clone(), i as u32);
@@ -205,10 +306,19 @@ impl Tokenizer {
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
 
-        let mut eog: Vec<u32> = [spec.eos_id, spec.eot_id, spec.eom_id]
-            .into_iter()
-            .flatten()
-            .collect();
+        // FIM padding and the repo-level markers end a generation too (llama.cpp): a model that
+        // writes them has finished the middle.
+        let mut eog: Vec<u32> = [
+            spec.eos_id,
+            spec.eot_id,
+            spec.eom_id,
+            spec.fim.pad,
+            spec.fim.rep,
+            spec.fim.sep,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for (i, t) in spec.tokens.iter().enumerate() {
             if matches!(types[i], TokenType::Control | TokenType::UserDefined)
                 && EOG_TEXTS.contains(&t.as_str())
@@ -257,6 +367,10 @@ impl Tokenizer {
     }
     pub fn eos_id(&self) -> Option<u32> {
         self.spec.eos_id
+    }
+    /// The fill-in-the-middle tokens (none for a model without them).
+    pub fn fim(&self) -> FimTokens {
+        self.spec.fim
     }
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.
     pub fn add_bos(&self) -> bool {

@@ -183,3 +183,55 @@ fn chat_template_renders_chatml_and_python_methods() {
     .unwrap();
     assert!(t.render(&[image], true, &Default::default()).is_err());
 }
+
+/// FIM tokens: named by the metadata, else found by their text (Qwen's, as llama.cpp does) and
+/// made control tokens; padding and the repo-level markers end a generation.
+#[test]
+fn fim_tokens_from_metadata_or_text() {
+    let mut v = train_bpe(&CORPUS.repeat(4), 400, "qwen35", &SPECIALS).unwrap();
+    let fim = [
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    ];
+    let base = v.tokens.len() as u32;
+    for t in fim {
+        v.tokens.push(t.to_string());
+        // Stored as normal tokens: the text alone identifies them.
+        v.token_types.push(TokenType::Normal.to_i32());
+    }
+    pad_vocab(&mut v, 512).unwrap();
+    let t = Tokenizer::from_spec(spec("qwen35", &v)).unwrap();
+    let f = t.fim();
+    assert_eq!(f.pre, Some(base));
+    assert_eq!(f.mid, Some(base + 1));
+    assert_eq!(f.suf, Some(base + 2));
+    assert_eq!(f.pad, Some(base + 3));
+    assert_eq!(f.rep, Some(base + 4));
+    assert_eq!(f.sep, Some(base + 5));
+    assert!(t.is_control(base));
+    assert!(!t.is_eog(base) && !t.is_eog(base + 1) && !t.is_eog(base + 2));
+    assert!(t.is_eog(base + 3) && t.is_eog(base + 4) && t.is_eog(base + 5));
+    // Parsed as one token only when special tokens are parsed.
+    assert_eq!(t.encode("<|fim_prefix|>", false, true).unwrap(), vec![base]);
+    assert!(t.encode("<|fim_prefix|>", false, false).unwrap().len() > 1);
+
+    // The metadata wins over the text.
+    let mut s = spec("qwen35", &v);
+    s.fim.pre = Some(7);
+    assert_eq!(Tokenizer::from_spec(s).unwrap().fim().pre, Some(7));
+    // An id outside the vocabulary is refused.
+    let mut s = spec("qwen35", &v);
+    s.fim.sep = Some(10_000);
+    assert!(Tokenizer::from_spec(s).is_err());
+    // No FIM token, no FIM.
+    let mut v = train_bpe(&CORPUS.repeat(4), 400, "qwen35", &SPECIALS).unwrap();
+    pad_vocab(&mut v, 512).unwrap();
+    assert_eq!(
+        Tokenizer::from_spec(spec("qwen35", &v)).unwrap().fim(),
+        FimTokens::default()
+    );
+}

@@ -37,6 +37,10 @@ pub struct ServeArgs {
         allow_hyphen_values = true
     )]
     pub n_predict: i64,
+    /// llama-server's logical batch (`-b`, which sets it): the budget of an /infill prompt's
+    /// prefix (3/4 of it) and suffix (1/4), as llama-server lays them out.
+    #[arg(long = "infill-batch", default_value_t = 2048)]
+    pub infill_batch: usize,
     /// Locally typical sampling (1.0 = off).
     #[arg(long = "typical", alias = "typical-p", default_value_t = 1.0)]
     pub typical: f32,

@@ -204,7 +204,7 @@ static OPTIONS: &[Opt] = &[
     opt(
         &["--spm-infill"],
         Switch,
-        Ignore("specd has no /infill endpoint"),
+        Ignore("specd lays out /infill prompts prefix first (PSM)"),
     ),
     // Sampling.
     opt(&["--samplers"], One, Refuse(CHAIN)),
@@ -910,11 +910,25 @@ fn rewrite(
             }
         }
     }
-    if let (true, Some(i)) = (has_ub, b_at) {
-        // -b is llama.cpp's logical batch; specd processes prompts in chunks of -ub.
+    if let Some(i) = b_at {
+        // llama-server's logical batch also bounds the prefix and suffix an /infill prompt keeps.
         let inline = out[i].to_string_lossy().contains('=');
-        out.drain(i..(i + if inline { 1 } else { 2 }).min(out.len()));
-        eprintln!("warning: '-b' ignored: specd processes prompts in chunks of --ubatch-size");
+        let value = match inline {
+            true => out[i]
+                .to_string_lossy()
+                .split_once('=')
+                .map(|(_, v)| v.to_string()),
+            false => out.get(i + 1).map(|v| v.to_string_lossy().into_owned()),
+        };
+        if has_ub {
+            // -b is llama.cpp's logical batch; specd processes prompts in chunks of -ub.
+            out.drain(i..(i + if inline { 1 } else { 2 }).min(out.len()));
+            eprintln!("warning: '-b' ignored: specd processes prompts in chunks of --ubatch-size");
+        }
+        if let Some(v) = value {
+            out.push("--infill-batch".into());
+            out.push(v.into());
+        }
     }
     Ok(out)
 }
@@ -984,9 +998,12 @@ mod tests {
             words("specd serve --seed 4294967295 --seed 5 --seed 4294967295")
         );
         let v = pre("specd serve -b 2048 -ub 256").unwrap();
-        assert_eq!(v, words("specd serve --ubatch-size 256"));
+        assert_eq!(
+            v,
+            words("specd serve --ubatch-size 256 --infill-batch 2048")
+        );
         let v = pre("specd serve -b 128").unwrap();
-        assert_eq!(v, words("specd serve --batch-size 128"));
+        assert_eq!(v, words("specd serve --batch-size 128 --infill-batch 128"));
     }
 
     #[test]
@@ -1036,7 +1053,9 @@ mod tests {
         let v = pre_env("specd serve", &env).unwrap();
         assert_eq!(
             v,
-            words("specd serve --n-predict=-1 --ubatch-size=64 --cache-type-k f16")
+            words(
+                "specd serve --n-predict=-1 --ubatch-size=64 --cache-type-k f16 --infill-batch 256"
+            )
         );
         // LLAMA_ARG_NO_X turns a switch off whatever its value; falsey values do too.
         let v = pre_env("specd serve", &[("LLAMA_ARG_NO_ENDPOINT_SLOTS", "")]).unwrap();

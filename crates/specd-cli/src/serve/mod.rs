@@ -326,6 +326,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .map(Duration::from_secs),
         slot_save_path,
         vertex,
+        infill_batch: a.infill_batch.max(1),
     };
 
     pb.set_message("starting the engine");

@@ -64,9 +64,14 @@ impl Server {
 
     /// [`Server::start`] with environment variables set (`LLAMA_ARG_*`).
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_with(model(), extra, env)
+    }
+
+    /// [`Server::start_env`] on another model file.
+    pub fn start_with(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "-m"])
-            .arg(model())
+            .arg(model)
             .args(["--port", "0", "-t", "1"])
             .args(extra)
             .envs(env.iter().copied())

@@ -173,7 +173,18 @@ async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, Ap
     let g = gen_params(&st, &f, Api::Llama)?;
     let x = Extras::of(&st, &f, &g)?;
     let tasks = tasks(parse_prompts(&st, &f)?, &g);
-    if g.stream {
+    respond(st, tasks, x).await
+}
+
+/// Runs a request's generations and answers in llama-server's form (`/completion`, `/infill`):
+/// one object, an array for several, or their stream.
+pub(crate) async fn respond(
+    st: Arc<AppState>,
+    tasks: Vec<(Vec<u32>, GenParams)>,
+    x: Extras,
+) -> Result<Response, ApiError> {
+    let streamed = tasks.first().is_some_and(|(_, g)| g.stream);
+    if streamed {
         let runs = start_streams(&st, &tasks, x).await?;
         let runs = runs
             .into_iter()
