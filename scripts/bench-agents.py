@@ -3,7 +3,7 @@
 
 The workload is a coding agent re-emitting an edited file through a tool call: the conversation
 holds a source file, the user asks for a small edit, and the request forces a `write_file` call
-(`tool_choice` naming the function), so the answer is the whole file again inside the call's
+(`tool_choice: required` with `write_file` the only tool), so the answer is the whole file again inside the call's
 arguments — the case where n-gram drafts from the prompt pay.
 
 Each server is started with the same model, chat template, threads and context, once without
@@ -74,7 +74,11 @@ def requests_for(n_predict):
                     },
                 ],
                 "tools": [WRITE_FILE],
-                "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+                # `required` with the one tool: llama-server takes tool_choice as a string only.
+                "tool_choice": "required",
+                # The agent wants the edit, not deliberation: thinking off, so the forced call
+                # starts at once (with thinking on, a small model may think past the budget).
+                "chat_template_kwargs": {"enable_thinking": False},
                 "temperature": 0,
                 "max_tokens": n_predict,
             }
@@ -119,7 +123,7 @@ def run_config(binary, args, spec, port, reqs, reps):
     try:
         wait_ready(base, proc)
         post(base + "/v1/chat/completions", reqs[0])  # warm-up
-        speeds, drafted, accepted, calls = [], 0, 0, 0
+        speeds, drafted, accepted, calls, texts = [], 0, 0, 0, []
         for _ in range(reps):
             for r in reqs:
                 v = post(base + "/v1/chat/completions", r)
@@ -129,15 +133,27 @@ def run_config(binary, args, spec, port, reqs, reps):
                 accepted += t.get("draft_n_accepted", 0)
                 msg = v["choices"][0]["message"]
                 calls += len(msg.get("tool_calls") or [])
+                texts.append(json.dumps(msg.get("tool_calls") or msg.get("content"), sort_keys=True))
         return {
             "tok_s": statistics.median(speeds),
             "acceptance": accepted / drafted if drafted else None,
             "tool_calls": calls,
             "requests": reps * len(reqs),
+            "texts": texts,
         }
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def strip_ids(texts):
+    out = []
+    for t in texts:
+        v = json.loads(t)
+        if isinstance(v, list):
+            v = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in v]
+        out.append(v)
+    return out
 
 
 def main():
@@ -163,8 +179,12 @@ def main():
             r = run_config(binary, args, spec, args.port, reqs, args.reps)
             results[(name, spec)] = r
             acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+            same = ""
+            if spec != "none":
+                same = "  same output as plain: " + (
+                    "yes" if strip_ids(r["texts"]) == strip_ids(results[(name, "none")]["texts"]) else "NO")
             print(f"{name:13s} {spec:12s} {r['tok_s']:8.1f} tok/s  acceptance {acc:>5s}  "
-                  f"tool calls {r['tool_calls']}/{r['requests']}", flush=True)
+                  f"tool calls {r['tool_calls']}/{r['requests']}{same}", flush=True)
     print()
     for spec in specs:
         for name in ("llama-server", "specd"):

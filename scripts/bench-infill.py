@@ -115,13 +115,14 @@ def main():
     ap.add_argument("--extra", default="/usr/lib/python3.11/json/scanner.py")
     ap.add_argument("--hole", type=int, default=6, help="lines left out of the middle")
     ap.add_argument("--python", default=sys.executable, help="a Python with numpy, pyyaml, tqdm (gguf-py)")
+    ap.add_argument("--spec-type", default="ngram-map-k", help="drafters of the speculative runs (both servers)")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="bench-infill-")
     model = os.path.join(tmp, "target-fim.gguf")
     fim_copy(a.python, a.model, model)
     common = ["-m", model, "-c", "8192", "-t", str(a.threads), "-np", "1"]
-    spec = ["--spec-type", "ngram-map-k"]
+    spec = ["--spec-type", a.spec_type]
     body = dict(workload(a.file, a.extra, a.hole), n_predict=a.n_predict, temperature=0,
                 ignore_eos=True, cache_prompt=False)
     plain_body = dict(body, speculative={"enabled": False})
