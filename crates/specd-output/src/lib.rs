@@ -16,9 +16,8 @@
 //! - its tool type is `openai-protocol`'s request type, a second copy of the whole OpenAI
 //!   request model beside the server's own, and it builds every parser it knows, pulling in
 //!   `rustpython-parser` (for the pythonic format) and `malachite`: 192 crates for the two
-//!   together, 3 min 45 s of extra build on this project's 2-core machine even unoptimised
-//!   (measured: a bare crate depending on both, `cargo build -j 2`; 806 MB of target), for two
-//!   formats that take a few hundred lines;
+//!   together (minutes of extra build on a small CI machine; the measurement is in the issue
+//!   note), for two formats that take a few hundred lines;
 //! - `reasoning-parser` alone is lighter, but the split is a few dozen lines that must share
 //!   one buffer with the tool-call parser (in Qwen3.5's output a call may end the thinking);
 //! - neither builds the grammar that makes `tool_choice: required` hold, which must know the
