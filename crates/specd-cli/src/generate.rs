@@ -360,6 +360,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         post_sampling_probs: false,
         grammar: a.grammar.spec()?,
         logit_bias: a.sampling.logit_bias.clone(),
+        reasoning_budget: None,
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

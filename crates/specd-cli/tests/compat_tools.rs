@@ -284,6 +284,97 @@ fn reasoning_goes_to_reasoning_content() {
 }
 
 #[test]
+fn reasoning_budget_forces_the_end_of_thinking() {
+    // The random model never closes its thinking on its own: without a budget all 40 tokens
+    // are reasoning; with one, `</think>` (after the budget message) is forced and the answer
+    // follows. Speculation (n-gram drafts, and the forced tokens drafted for free) gives the
+    // same tokens as plain decoding.
+    let s = Server::start(&[
+        "--chat-template",
+        XML_TEMPLATE,
+        "--spec-type",
+        "ngram-simple",
+    ]);
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "def main():"}],
+            "max_tokens": 40, "temperature": 0});
+        for (k, v) in extra.as_object().expect("object") {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let message = |v: &Value| v["choices"][0]["message"].clone();
+    let unlimited = message(&s.ok("/v1/chat/completions", &body(json!({}))));
+    assert_eq!(unlimited["content"], "", "{unlimited}");
+    let v = s.ok(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_budget_tokens": 6, "reasoning_budget_message": " Enough."})),
+    );
+    let m = message(&v);
+    let r = m["reasoning_content"].as_str().unwrap_or_default();
+    assert!(r.ends_with("Enough."), "{v}");
+    assert!(
+        unlimited["reasoning_content"]
+            .as_str()
+            .is_some_and(|u| u.len() > r.len()),
+        "{unlimited}\n{m}"
+    );
+    assert!(!m["content"].as_str().unwrap_or_default().is_empty(), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    // Budget 0 closes the block at once; plain decoding gives the same tokens as speculative.
+    let zero = body(json!({"reasoning_budget_tokens": 0}));
+    let spec = s.ok("/v1/chat/completions", &zero);
+    let mut p = zero.clone();
+    p["speculative"] = json!({"enabled": false});
+    let plain = s.ok("/v1/chat/completions", &p);
+    assert_eq!(message(&spec), message(&plain), "{spec}\n{plain}");
+    assert!(message(&spec).get("reasoning_content").is_none(), "{spec}");
+    assert!(
+        spec["timings"]["draft_n"].as_u64().unwrap_or(0) > 0,
+        "speculation drafted nothing: {spec}"
+    );
+    let six = body(json!({"reasoning_budget_tokens": 6}));
+    let spec = s.ok("/v1/chat/completions", &six);
+    let mut p = six.clone();
+    p["speculative"] = json!({"enabled": false});
+    let plain = s.ok("/v1/chat/completions", &p);
+    assert_eq!(message(&spec), message(&plain), "{spec}\n{plain}");
+    // The server's budget and message; a request's budget wins (Anthropic's
+    // `thinking.budget_tokens` included); a budget below -1 is refused.
+    let d = Server::start(&[
+        "--chat-template",
+        XML_TEMPLATE,
+        "--reasoning-budget",
+        "0",
+        "--reasoning-budget-message",
+        " Enough.",
+    ]);
+    let v = d.ok("/v1/chat/completions", &body(json!({})));
+    assert_eq!(message(&v)["reasoning_content"], "Enough.", "{v}");
+    let a = d.ok(
+        "/v1/messages",
+        &json!({"messages": [{"role": "user", "content": "def main():"}], "max_tokens": 40,
+            "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 6}}),
+    );
+    // Its answer is the chat answer under the same budget, not the server's.
+    let c6 = message(&d.ok(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_budget_tokens": 6})),
+    ));
+    assert_eq!(
+        a["content"][0]["thinking"], c6["reasoning_content"],
+        "{a}\n{c6}"
+    );
+    assert_eq!(a["content"][1]["text"], c6["content"], "{a}\n{c6}");
+    assert_ne!(c6["content"], message(&v)["content"], "{c6}\n{v}");
+    let r = d.post(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_budget_tokens": -2})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+}
+
+#[test]
 fn reasoning_flags() {
     // --reasoning off: templates get enable_thinking false.
     let s = Server::start(&["--chat-template", XML_TEMPLATE, "-rea", "off"]);

@@ -15,6 +15,9 @@
 //! An optional [`Grammar`] (llguidance: GBNF, Lark, JSON schema, regex) masks
 //! the logits before the chain and rolls back with the history.
 //!
+//! A [`ReasoningBudget`] forces the end of a thinking block that ran past its budget (a forced
+//! token masks every other, so drafts are verified against it like any other token).
+//!
 //! The chain mirrors llama.cpp's default order: logit bias
 //! ([`Sampler::with_logit_bias`]) → penalties → top-k → typical → top-p →
 //! min-p → temperature → draw.
@@ -34,6 +37,7 @@
 //! # }
 //! ```
 
+mod budget;
 mod chain;
 mod gbnf;
 mod grammar;
@@ -44,6 +48,7 @@ pub mod rejection;
 mod rng;
 mod sampler;
 
+pub use budget::ReasoningBudget;
 pub use gbnf::gbnf_to_lark;
 pub use grammar::{Grammar, GrammarSpec, GrammarVocab};
 pub use logprobs::{token_logprob, top_logprobs};

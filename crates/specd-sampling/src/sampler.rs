@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 use std::fmt;
 
+use crate::budget::ReasoningBudget;
 use crate::chain::{argmax, clean, desc, filter, max_of_slice, penalize, softmax, Cand, Work};
 use crate::grammar::Grammar;
 use crate::history::History;
@@ -43,6 +44,8 @@ pub struct Sampler {
     grammar: Option<RefCell<Grammar>>,
     /// `(token, bias)` added to the logits before every other step, in this order.
     logit_bias: Vec<(u32, f32)>,
+    /// The thinking budget: while it forces a token, every other token is masked.
+    budget: Option<ReasoningBudget>,
 }
 
 impl Sampler {
@@ -66,7 +69,14 @@ impl Sampler {
             scratch: RefCell::new(Scratch::default()),
             grammar: None,
             logit_bias: Vec::new(),
+            budget: None,
         })
+    }
+
+    /// Limits thinking blocks with `budget` (primed with the end of the prompt by the caller).
+    pub fn with_reasoning_budget(mut self, budget: ReasoningBudget) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// Adds `bias` to the logit of `token` for every `(token, bias)` pair, before penalties,
@@ -102,8 +112,12 @@ impl Sampler {
         self.grammar.is_some()
     }
 
-    /// Tokens the grammar forces next (empty without a grammar).
+    /// Tokens the grammar forces next (empty without a grammar), or the rest of the closing
+    /// sequence the thinking budget is forcing: the engine drafts them for free.
     pub fn grammar_forced_tokens(&self) -> Vec<u32> {
+        if let Some(rest) = self.budget.as_ref().and_then(ReasoningBudget::forced_rest) {
+            return rest.to_vec();
+        }
         self.grammar
             .as_ref()
             .map(|g| g.borrow_mut().forced_tokens())
@@ -217,6 +231,9 @@ impl Sampler {
         if let Some(g) = &self.grammar {
             g.borrow_mut().accept(token)?;
         }
+        if let Some(b) = &mut self.budget {
+            b.accept(token);
+        }
         self.history.push(token);
         Ok(())
     }
@@ -238,6 +255,9 @@ impl Sampler {
         if let Some(g) = &self.grammar {
             g.borrow_mut().rollback(drop)?;
         }
+        if let Some(b) = &mut self.budget {
+            b.rollback(drop);
+        }
         self.history.truncate(len);
         Ok(())
     }
@@ -247,6 +267,16 @@ impl Sampler {
     /// when none applies, else a patched copy in `buf` (only a few tokens change, so a copy
     /// plus point updates beats a per-token lookup; masked tokens become -inf).
     fn penalised<'a>(&self, logits: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
+        // A forced token is the only one left (llama.cpp's budget sampler sets every other
+        // logit to -inf), whatever the biases, grammar and penalties say.
+        if let Some(f) = self.budget.as_ref().and_then(ReasoningBudget::forced) {
+            if (f as usize) < logits.len() {
+                buf.clear();
+                buf.resize(logits.len(), f32::NEG_INFINITY);
+                buf[f as usize] = 0.0;
+                return buf;
+            }
+        }
         let counts = self.history.counts();
         let applies = counts.keys().any(|&t| (t as usize) < logits.len());
         if !applies && self.grammar.is_none() && self.logit_bias.is_empty() {
@@ -341,6 +371,7 @@ impl Clone for Sampler {
                 .as_ref()
                 .map(|g| RefCell::new(g.borrow().clone())),
             logit_bias: self.logit_bias.clone(),
+            budget: self.budget.clone(),
         }
     }
 }

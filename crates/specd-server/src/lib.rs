@@ -90,6 +90,11 @@ pub struct ServerConfig {
     /// Where chat answers' reasoning goes (`--reasoning-format`; requests may say
     /// `reasoning_format`).
     pub reasoning_format: specd_output::ReasoningFormat,
+    /// `--reasoning-budget`: tokens a thinking block may run before its end is forced (-1:
+    /// no limit); requests may say `reasoning_budget_tokens` / `thinking_budget_tokens`.
+    pub reasoning_budget: i64,
+    /// `--reasoning-budget-message`: text forced before the end tag when the budget runs out.
+    pub reasoning_budget_message: String,
     /// Element types of the KV cache (K, V).
     pub kv_types: (KvType, KvType),
     /// `--slot-save-path`: the directory of slot save / restore files (none: disabled).

@@ -148,6 +148,8 @@ pub struct GenParams {
     /// A specific slot (`id_slot`), or any.
     pub id_slot: Option<usize>,
     pub grammar: Option<GrammarSpec>,
+    /// The thinking budget of a chat request (set by the chat path, which knows the template).
+    pub reasoning_budget: Option<specd_sampling::ReasoningBudget>,
 }
 
 /// Which API the request came through (their field names differ a little).
@@ -275,6 +277,7 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         return_tokens: f.bool("return_tokens")?.unwrap_or(false),
         id_slot,
         grammar,
+        reasoning_budget: None,
     })
 }
 

@@ -12,7 +12,7 @@ use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
 use specd_models::{Batch, Model};
 use specd_output::TextStage;
-use specd_sampling::{GrammarSpec, GrammarVocab, Sampler, SamplerParams, Verdict};
+use specd_sampling::{GrammarSpec, GrammarVocab, ReasoningBudget, Sampler, SamplerParams, Verdict};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
@@ -47,6 +47,9 @@ pub struct SequenceRequest {
     /// `(token, bias)` added to the target's logits before sampling (see
     /// [`Sampler::with_logit_bias`]); `ignore_eos` adds more (see [`logit_bias_with_eog`]).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The thinking budget (primed with the end of the prompt): the end of a thinking block
+    /// that runs past it is forced (see [`ReasoningBudget`]).
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 /// The logit biases a request samples with: its own, then `-inf` on every end-of-generation
@@ -76,6 +79,7 @@ impl SequenceRequest {
             post_sampling_probs: false,
             grammar: None,
             logit_bias: Vec::new(),
+            reasoning_budget: None,
         }
     }
 }
@@ -348,6 +352,9 @@ impl Engine {
         let mut sampler = Sampler::new(req.sampler, &req.prompt)?.with_logit_bias(&bias)?;
         if let Some(g) = &req.grammar {
             sampler = sampler.with_grammar(self.grammar_vocab()?.compile(g)?);
+        }
+        if let Some(b) = &req.reasoning_budget {
+            sampler = sampler.with_reasoning_budget(b.clone());
         }
         let chain = self.build_chain(&req, sampler.seed())?;
         let n_cached = self.reuse_prefix(seq, &req.prompt);
@@ -646,9 +653,11 @@ impl Engine {
                 .min(room - 1);
             let mut draft = Vec::new();
             let mut probs: Option<Vec<DraftDist>> = None;
-            // Tokens the grammar forces are certain: draft them for free, ahead of any drafter.
-            // Only when speculation is on: "off" means one row per step, whatever the request.
-            let forced = if cap > 0 && s.req.spec.enabled() && s.sampler.has_grammar() {
+            // Tokens the grammar (or the thinking budget) forces are certain: draft them for
+            // free, ahead of any drafter. Only when speculation is on: "off" means one row per
+            // step, whatever the request.
+            let constrained = s.sampler.has_grammar() || s.req.reasoning_budget.is_some();
+            let forced = if cap > 0 && s.req.spec.enabled() && constrained {
                 s.sampler.grammar_forced_tokens()
             } else {
                 Vec::new()

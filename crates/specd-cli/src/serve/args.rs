@@ -114,6 +114,15 @@ pub struct ServeArgs {
     /// (= deepseek).
     #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["none", "deepseek", "deepseek-legacy", "auto"])]
     pub reasoning_format: String,
+    /// Tokens a thinking block may run before its end tag is forced: -1 no limit, 0 close at
+    /// once (requests: `reasoning_budget_tokens` / `thinking_budget_tokens`).
+    #[arg(long = "reasoning-budget", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub reasoning_budget: i64,
+    /// Text forced before the end-of-thinking tag when the budget runs out (requests:
+    /// `reasoning_budget_message`).
+    #[arg(long = "reasoning-budget-message", default_value = "")]
+    pub reasoning_budget_message: String,
     /// CORS origins, comma-separated: `*` (default: any origin; `localhost` with --tools or MCP
     /// servers), `localhost`, or a list.
     #[arg(long = "cors-origins")]

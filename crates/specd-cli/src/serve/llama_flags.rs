@@ -442,9 +442,8 @@ static OPTIONS: &[Opt] = &[
     opt(&["--reasoning-format"], One, Take).env("LLAMA_ARG_THINK"),
     opt(&["-rea", "--reasoning"], Val::Opt(ON_OFF), Take).env("LLAMA_ARG_REASONING"),
     opt(&["--reasoning-effort"], One, Take).env("LLAMA_ARG_REASONING_EFFORT"),
-    opt(&["--reasoning-budget"], One, Ignore(REASONING)).env("LLAMA_ARG_THINK_BUDGET"),
-    opt(&["--reasoning-budget-message"], One, Ignore(REASONING))
-        .env("LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+    opt(&["--reasoning-budget"], One, Take).env("LLAMA_ARG_THINK_BUDGET"),
+    opt(&["--reasoning-budget-message"], One, Take).env("LLAMA_ARG_THINK_BUDGET_MESSAGE"),
     opt(&["--reasoning-preserve"], Switch, Take)
         .neg(&["--no-reasoning-preserve"])
         .env("LLAMA_ARG_REASONING_PRESERVE"),

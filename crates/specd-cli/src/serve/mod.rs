@@ -320,6 +320,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefill_assistant: !a.no_prefill_assistant,
         reasoning_format: specd_output::ReasoningFormat::parse(&a.reasoning_format)
             .unwrap_or_default(),
+        reasoning_budget: a.reasoning_budget,
+        reasoning_budget_message: a.reasoning_budget_message.clone(),
         kv_types: a.model.kv_types(),
         sleep_idle: u64::try_from(a.sleep_idle_seconds)
             .ok()

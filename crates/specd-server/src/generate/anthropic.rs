@@ -6,7 +6,7 @@
 //! `tool_use`), `stop_reason`, Anthropic usage, the named streaming events and Anthropic's error
 //! body `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
-use super::output::chat_output;
+use super::output::{chat_output, reasoning_budget};
 use super::prompt::{chat_prompt, chat_prompt_text};
 use super::report::*;
 use super::stream::{sse, StreamShape};
@@ -610,6 +610,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
     if tool_grammar.is_some() {
         g.grammar = tool_grammar;
     }
+    g.reasoning_budget = reasoning_budget(&st, &f, &prompt)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let stops = f.strings("stop")?.unwrap_or_default();
     let id = message_id();

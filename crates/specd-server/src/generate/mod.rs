@@ -165,6 +165,7 @@ pub(crate) fn prepare(
     r.post_sampling_probs = g.post_sampling_probs;
     r.logit_bias = g.logit_bias.clone();
     r.grammar = g.grammar.clone();
+    r.reasoning_budget = g.reasoning_budget.clone();
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
         if r.draft_model.is_none() {

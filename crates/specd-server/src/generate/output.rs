@@ -1,14 +1,15 @@
 //! What a chat request asks of the output stage: the reasoning split (`reasoning_format`, and
 //! whether the prompt opened the thinking block), tool-call parsing (`tools`, `tool_choice`,
 //! `parallel_tool_calls`, the format the chat template teaches) and, for `tool_choice:
-//! required` or a named function, the grammar that makes the model call.
+//! required` or a named function, the grammar that makes the model call; and the thinking
+//! budget the sampler enforces.
 
 use crate::error::ApiError;
 use crate::params::Fields;
 use crate::AppState;
 use serde_json::Value;
 use specd_output::{tool_grammar, OutputConfig, ReasoningFormat, ToolFormat, ToolSpec};
-use specd_sampling::GrammarSpec;
+use specd_sampling::{GrammarSpec, ReasoningBudget};
 
 /// `tool_choice`.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,4 +167,60 @@ pub(crate) fn chat_output(
     cfg.tool_format = Some(format);
     cfg.tools = tools;
     Ok((cfg, grammar))
+}
+
+/// Prompt tokens the thinking budget is primed with: enough to see whether the generation
+/// prompt opened (or opened and closed) a thinking block.
+const BUDGET_PRIMING: usize = 16;
+
+/// The thinking budget of a chat request whose prompt is `prompt` (llama-server's
+/// `reasoning_budget_tokens` / `thinking_budget_tokens`, else `--reasoning-budget`; -1: none):
+/// for templates with `<think>` blocks, the end tag (after `reasoning_budget_message`) is
+/// forced once a block has run for the budget.
+pub(crate) fn reasoning_budget(
+    st: &AppState,
+    f: &Fields,
+    prompt: &[u32],
+) -> Result<Option<ReasoningBudget>, ApiError> {
+    let mut budget = -1;
+    for key in ["reasoning_budget_tokens", "thinking_budget_tokens"] {
+        if let Some(v) = f.i64(key)? {
+            if v < -1 {
+                return Err(bad(format!("'{key}' must be -1 (no limit) or more"), key));
+            }
+            if v >= 0 {
+                budget = v;
+                break;
+            }
+        }
+    }
+    if budget < 0 {
+        budget = st.cfg.reasoning_budget;
+    }
+    if budget < 0 || !st.cfg.chat_template.contains("<think>") {
+        return Ok(None);
+    }
+    let tok = st.model.tokenizer();
+    let encode = |text: &str| {
+        tok.encode(text, false, true)
+            .map_err(|e| ApiError::server(format!("tokenizing the thinking tags: {e}")))
+    };
+    let message = match f.str("reasoning_budget_message")? {
+        Some(m) => m.to_string(),
+        None => st.cfg.reasoning_budget_message.clone(),
+    };
+    let end = encode("</think>")?;
+    let mut forced = if message.is_empty() {
+        Vec::new()
+    } else {
+        encode(&message)?
+    };
+    forced.extend_from_slice(&end);
+    let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+    Ok(
+        ReasoningBudget::new(encode("<think>")?, vec![end], forced, budget).map(|mut b| {
+            b.prime(&prompt[prompt.len().saturating_sub(BUDGET_PRIMING)..]);
+            b
+        }),
+    )
 }

@@ -7,7 +7,7 @@
 //! as output items (`reasoning`, `message`, `function_call`) and, streamed, as the typed events
 //! the official clients read, each with its `sequence_number`.
 
-use super::output::chat_output;
+use super::output::{chat_output, reasoning_budget};
 use super::prompt::{chat_prompt, chat_prompt_text};
 use super::report::*;
 use super::stream::{into_response, sse, StreamShape};
@@ -772,6 +772,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
     if tool_grammar.is_some() {
         g.grammar = tool_grammar;
     }
+    g.reasoning_budget = reasoning_budget(&st, &f, &prompt)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = item_id("resp");
     let echo = echo(&body, &model, unix_now());
