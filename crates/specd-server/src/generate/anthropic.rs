@@ -6,8 +6,8 @@
 //! `tool_use`), `stop_reason`, Anthropic usage, the named streaming events and Anthropic's error
 //! body `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
-use super::output::{chat_output, reasoning_budget};
-use super::prompt::{chat_prompt, chat_prompt_text};
+use super::output::chat_request;
+use super::prompt::chat_prompt;
 use super::report::*;
 use super::stream::{sse, StreamShape};
 use super::*;
@@ -602,15 +602,8 @@ fn into_response_a(r: Result<Response, AnthropicError>) -> Response {
 async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
     let f = Fields::of(&chat);
-    let mut g = gen_params(&st, &f, Api::OaiChat)?;
+    let (prompt, mut g, out_cfg) = chat_request(&st, &f)?;
     g.n_cmpl = 1;
-    let (text, prompt) = chat_prompt_text(&st, &f)?;
-    // The output stage and, for a forced tool call, its grammar (as on /v1/chat/completions).
-    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
-    if tool_grammar.is_some() {
-        g.grammar = tool_grammar;
-    }
-    g.reasoning_budget = reasoning_budget(&st, &f, &prompt)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let stops = f.strings("stop")?.unwrap_or_default();
     let id = message_id();

@@ -1,7 +1,7 @@
 //! OpenAI's chat completions API: `POST /v1/chat/completions` (and its `input_tokens`).
 
 use super::llama::{full_fn, llama_full, FullFn};
-use super::output::{chat_output, reasoning_budget};
+use super::output::chat_request;
 use super::prompt::*;
 use super::report::*;
 use super::stream::{data, into_response, sse, StreamShape};
@@ -193,14 +193,8 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let mut g = gen_params(&st, &f, Api::OaiChat)?;
+    let (prompt, g, out_cfg) = chat_request(&st, &f)?;
     let x = Extras::of(&st, &f, &g)?;
-    let (text, prompt) = chat_prompt_text(&st, &f)?;
-    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
-    if tool_grammar.is_some() {
-        g.grammar = tool_grammar;
-    }
-    g.reasoning_budget = reasoning_budget(&st, &f, &prompt)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {
         Some(o) => o.bool("include_usage")?.unwrap_or(false),

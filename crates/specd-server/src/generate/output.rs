@@ -4,8 +4,10 @@
 //! required` or a named function, the grammar that makes the model call; and the thinking
 //! budget the sampler enforces.
 
+use super::gen_params;
+use super::prompt::chat_prompt_text;
 use crate::error::ApiError;
-use crate::params::Fields;
+use crate::params::{Api, Fields, GenParams};
 use crate::AppState;
 use serde_json::Value;
 use specd_output::{tool_grammar, OutputConfig, ReasoningFormat, ToolFormat, ToolSpec};
@@ -223,4 +225,22 @@ pub(crate) fn reasoning_budget(
             b
         }),
     )
+}
+
+/// A chat request made ready for the engine — where every chat dialect (OpenAI chat, Anthropic
+/// Messages, OpenAI Responses, each converted to a chat request first) starts: its prompt, its
+/// generation parameters with the tool-call grammar and the thinking budget, and the output
+/// stage's settings.
+pub(crate) fn chat_request(
+    st: &AppState,
+    f: &Fields,
+) -> Result<(Vec<u32>, GenParams, OutputConfig), ApiError> {
+    let mut g = gen_params(st, f, Api::OaiChat)?;
+    let (text, prompt) = chat_prompt_text(st, f)?;
+    let (out_cfg, tool_grammar) = chat_output(st, f, &text)?;
+    if tool_grammar.is_some() {
+        g.grammar = tool_grammar;
+    }
+    g.reasoning_budget = reasoning_budget(st, f, &prompt)?;
+    Ok((prompt, g, out_cfg))
 }

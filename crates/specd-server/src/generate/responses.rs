@@ -7,8 +7,8 @@
 //! as output items (`reasoning`, `message`, `function_call`) and, streamed, as the typed events
 //! the official clients read, each with its `sequence_number`.
 
-use super::output::{chat_output, reasoning_budget};
-use super::prompt::{chat_prompt, chat_prompt_text};
+use super::output::chat_request;
+use super::prompt::chat_prompt;
 use super::report::*;
 use super::stream::{into_response, sse, StreamShape};
 use super::*;
@@ -763,16 +763,9 @@ pub async fn responses(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody
 async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
     let f = Fields::of(&chat);
-    let mut g = gen_params(&st, &f, Api::OaiChat)?;
+    let (prompt, mut g, out_cfg) = chat_request(&st, &f)?;
     g.n_cmpl = 1;
     let x = Extras::of(&st, &f, &g)?;
-    let (text, prompt) = chat_prompt_text(&st, &f)?;
-    // The output stage and, for a forced tool call, its grammar (as on /v1/chat/completions).
-    let (out_cfg, tool_grammar) = chat_output(&st, &f, &text)?;
-    if tool_grammar.is_some() {
-        g.grammar = tool_grammar;
-    }
-    g.reasoning_budget = reasoning_budget(&st, &f, &prompt)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = item_id("resp");
     let echo = echo(&body, &model, unix_now());
