@@ -651,6 +651,8 @@ fn every_error_is_json() {
         None,
     );
     assert_error(&r, 413, "invalid_request_error");
+    // The unread body would be taken for the next request: the answer closes the connection.
+    assert_eq!(r.header("Connection"), Some("close"), "{:?}", r.headers);
     // The body goes out from another thread while this one waits for the answer: the server
     // answers as soon as the limit is passed and closes without reading the rest.
     let conn = connect(&s.addr);
@@ -675,6 +677,12 @@ fn every_error_is_json() {
     let mut r = BufReader::new(conn);
     let (status, headers) = read_head(&mut r);
     assert_eq!(status, 413);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "Connection" && v == "close"),
+        "{headers:?}"
+    );
     let len: usize = headers
         .iter()
         .find(|(k, _)| k == "Content-Length")
@@ -688,4 +696,11 @@ fn every_error_is_json() {
     assert_eq!(v["error"]["type"], "invalid_request_error");
     // The server keeps serving.
     assert_eq!(s.get("/health").json(), json!({"status": "ok"}));
+    // draft-mtp on a model without an MTP head is the request's error, not the server's.
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": "hi", "n_predict": 2, "speculative": {"type": "draft-mtp"}}),
+    );
+    assert_error(&r, 400, "invalid_request_error");
+    assert!(r.text().contains("MTP"), "{}", r.text());
 }

@@ -122,7 +122,16 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.body())).into_response()
+        let mut r = (self.status(), axum::Json(self.body())).into_response();
+        // A body refused for its size may still be arriving: the connection cannot carry
+        // another request after it, so the client is told to open a new one.
+        if self.kind == ErrorKind::TooLarge {
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        r
     }
 }
 

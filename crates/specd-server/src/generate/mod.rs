@@ -174,6 +174,12 @@ pub(crate) fn prepare(
             ));
         }
     }
+    // A request error, not the server's: checked here so it is a 400 with a clear message.
+    if r.spec.drafters.contains(&DrafterKind::DraftMtp) && !st.model.has_mtp() {
+        return Err(ApiError::invalid(
+            "speculative type draft-mtp needs a model with an MTP (NextN) head; this model has none",
+        ));
+    }
     Ok(r)
 }
 
