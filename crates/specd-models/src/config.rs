@@ -140,14 +140,34 @@ impl ModelConfig {
         let n_rot = g
             .get_opt_u32(&p("rope.dimension_count"))?
             .map_or(head_dim, |v| v as usize);
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot == 0 || n_rot > head_dim || n_rot % 2 != 0 {
             return Err(ModelError::Invalid(format!(
-                "rope.dimension_count {n_rot} invalid for head dim {head_dim}"
+                "{}: {n_rot} is invalid for head dim {head_dim}",
+                p("rope.dimension_count")
             )));
         }
         let rope_base = g.get_opt_f32(&p("rope.freq_base"))?.unwrap_or(10000.0);
         let eps = g.get_f32(&p("attention.layer_norm_rms_epsilon"))?;
         let n_ctx_train = g.get_u32(&p("context_length"))? as usize;
+        // Values that load but make every output NaN or empty are the file's error, named here.
+        if !(rope_base.is_finite() && rope_base > 0.0) {
+            return Err(ModelError::Invalid(format!(
+                "{}: {rope_base} is not a positive finite number",
+                p("rope.freq_base")
+            )));
+        }
+        if !(eps.is_finite() && eps > 0.0 && eps < 1.0) {
+            return Err(ModelError::Invalid(format!(
+                "{}: {eps} is not a finite number in (0, 1)",
+                p("attention.layer_norm_rms_epsilon")
+            )));
+        }
+        if n_ctx_train == 0 {
+            return Err(ModelError::Invalid(format!(
+                "{}: a context length of 0",
+                p("context_length")
+            )));
+        }
         let n_vocab = match g.get_opt_u32(&p("vocab_size"))? {
             Some(v) => v as usize,
             None => g

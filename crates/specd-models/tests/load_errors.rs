@@ -222,6 +222,43 @@ fn missing_and_mistyped_keys_are_named() {
 }
 
 #[test]
+fn hyper_parameters_that_would_load_but_generate_nothing_are_named() {
+    let f = files();
+    for (key, bad, tag) in [
+        (
+            "qwen35.attention.layer_norm_rms_epsilon",
+            GgufValue::F32(f32::NAN),
+            "eps-nan",
+        ),
+        (
+            "qwen35.attention.layer_norm_rms_epsilon",
+            GgufValue::F32(0.0),
+            "eps-0",
+        ),
+        ("qwen35.rope.freq_base", GgufValue::F32(0.0), "rope-base-0"),
+        (
+            "qwen35.rope.freq_base",
+            GgufValue::F32(f32::INFINITY),
+            "rope-base-inf",
+        ),
+        ("qwen35.context_length", GgufValue::U32(0), "ctx-0"),
+        (
+            "qwen35.rope.dimension_count",
+            GgufValue::U32(0),
+            "rope-dims-0",
+        ),
+    ] {
+        let e = load_err(
+            &f.qwen,
+            tag,
+            |k, v| Some(if k == key { bad.clone() } else { v }),
+            keep_t,
+        );
+        assert_names(&e, key);
+    }
+}
+
+#[test]
 fn unsupported_tensor_type_is_named() {
     let f = files();
     // MXFP4: a real llama.cpp type (17-byte blocks of 32) that specd cannot decode.
