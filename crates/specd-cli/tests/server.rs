@@ -910,7 +910,7 @@ fn command_line_like_llama_server() {
     );
     assert_eq!(r.header("access-control-allow-origin"), None);
     assert!(
-        s.log().contains("request: POST /completion -> 200"),
+        s.log_shows("request: POST /completion -> 200"),
         "--verbose logs requests"
     );
 

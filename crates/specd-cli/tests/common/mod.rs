@@ -106,6 +106,19 @@ impl Server {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// Whether the log shows `needle` within a few seconds: a line the server wrote before
+    /// answering may still be on its way through the thread that reads its stderr.
+    pub fn log_shows(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
 }
 
 impl Drop for Server {
