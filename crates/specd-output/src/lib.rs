@@ -189,6 +189,15 @@ impl ChatOutput {
         self.record(out)
     }
 
+    /// The whole message of a finished generation's text (what the deltas of its stream add
+    /// up to).
+    pub fn parse(cfg: OutputConfig, text: &str) -> AssistantMessage {
+        let mut o = ChatOutput::new(cfg);
+        o.push(text);
+        o.finish();
+        o.message
+    }
+
     /// The message so far (all of it after [`ChatOutput::finish`]).
     pub fn message(&self) -> &AssistantMessage {
         &self.message

@@ -639,10 +639,7 @@ async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiE
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = ChatOutput::new(out_cfg.clone());
-    output.push(&out.text);
-    output.finish();
-    let m = output.message();
+    let m = &ChatOutput::parse(out_cfg, &out.text);
     let (reason, seq) = stop_reason(out, &stops, m);
     Ok(Json(json!({
         "id": id,

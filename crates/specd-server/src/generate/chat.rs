@@ -233,13 +233,11 @@ async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError
         .zip(&tasks)
         .enumerate()
         .map(|(index, ((out, _), (_, g)))| {
-            let mut output = ChatOutput::new(out_cfg.clone());
-            output.push(&out.text);
-            output.finish();
+            let m = ChatOutput::parse(out_cfg.clone(), &out.text);
             let mut choice = json!({
                 "index": index,
-                "message": message_json(output.message()),
-                "finish_reason": chat_finish_reason(out, output.message()),
+                "message": message_json(&m),
+                "finish_reason": chat_finish_reason(out, &m),
             });
             // llama-server names `logprobs` only when it has some.
             if let Some(lp) = oai_logprobs(&st, &out.probs, &ProbsAsked::of(g)) {

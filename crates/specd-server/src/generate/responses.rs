@@ -793,10 +793,7 @@ async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, Api
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let mut output = ChatOutput::new(out_cfg.clone());
-    output.push(&out.text);
-    output.finish();
-    let items = output_items(output.message());
+    let items = output_items(&ChatOutput::parse(out_cfg, &out.text));
     Ok(Json(response_json(
         &id,
         &echo,
