@@ -361,6 +361,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         grammar: a.grammar.spec()?,
         logit_bias: a.sampling.logit_bias.clone(),
         reasoning_budget: None,
+        cache_prompt: false,
+        cache_scope: 0,
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

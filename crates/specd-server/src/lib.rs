@@ -22,6 +22,7 @@ mod generate;
 pub mod metrics;
 pub mod params;
 pub mod scheduler;
+mod scope;
 mod slots;
 pub mod vertex;
 
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     pub rollback: RollbackKind,
     /// Prompt-end checkpoints kept per slot for prompt reuse (`--ctx-checkpoints`).
     pub ctx_checkpoints: usize,
+    /// `--cache-ram`: bytes of the prompt cache in RAM (0: off).
+    pub cache_ram: usize,
     /// `--kv-unified`: each slot may use the whole context (memory is allocated on demand).
     pub kv_unified: bool,
     /// Draft model for `draft-simple`.
@@ -167,7 +170,10 @@ impl AppState {
             model.clone(),
             mem_cfg,
             cfg.rollback,
-            cfg.ctx_checkpoints,
+            scheduler::PromptCache {
+                checkpoints: cfg.ctx_checkpoints,
+                ram_bytes: cfg.cache_ram,
+            },
             cfg.sleep_idle,
         )
         .map_err(|e| format!("starting the engine thread: {e}"))?;
@@ -189,7 +195,7 @@ impl AppState {
 /// Endpoints that need no API key (as in llama-server: the model list needs one).
 const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
 
-async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     if st.cfg.api_keys.is_empty()
         || req.method() == Method::OPTIONS
         || PUBLIC_PATHS.contains(&req.uri().path())
@@ -203,7 +209,11 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
         .and_then(|v| v.to_str().ok())
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
     match key {
-        Some(k) if st.cfg.api_keys.iter().any(|a| a == k) => next.run(req).await,
+        Some(k) if st.cfg.api_keys.iter().any(|a| a == k) => {
+            let key = st.cfg.api_keys.iter().position(|a| a == k);
+            req.extensions_mut().insert(scope::Caller { key });
+            next.run(req).await
+        }
         _ => {
             tracing::warn!(path = %req.uri().path(), "unauthorized: invalid API key");
             ApiError::new(ErrorKind::Authentication, "Invalid API Key").into_response()

@@ -372,6 +372,49 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Engine panics recovered from.",
         t.engine_restarts as f64,
     );
+    let r = &snap.ram_cache;
+    o.metric(
+        "specd:prompt_cache_ram_hits_total",
+        c,
+        "Requests whose prompt prefix was restored from the prompt cache in RAM.",
+        r.hits as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_misses_total",
+        c,
+        "Requests (prompt reuse on) that found no reusable prefix in a slot or the RAM cache.",
+        r.misses as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_ram_saves_total",
+        c,
+        "Slot memories saved into the prompt cache in RAM.",
+        r.saves as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_ram_evictions_total",
+        c,
+        "Prompt cache entries dropped to stay within --cache-ram.",
+        r.evictions as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_ram_entries",
+        g,
+        "Saved memories held in the prompt cache in RAM.",
+        r.entries as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_ram_bytes",
+        g,
+        "Bytes held by the prompt cache in RAM.",
+        r.bytes as f64,
+    );
+    o.metric(
+        "specd:prompt_cache_ram_limit_bytes",
+        g,
+        "Byte limit of the prompt cache in RAM (--cache-ram; 0: off).",
+        r.limit as f64,
+    );
     let m = &snap.memory;
     o.metric(
         "specd:memory_sequences",

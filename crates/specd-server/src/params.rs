@@ -144,6 +144,11 @@ pub struct GenParams {
     pub spec: SpecParams,
     pub stream: bool,
     pub cache_prompt: bool,
+    /// `cache_salt` (vLLM's field): narrows the prompt-cache partition the request may reuse.
+    pub cache_salt: Option<String>,
+    /// The prompt-cache partition of the request (API key and salt; set by the caller, which
+    /// knows the key: see `crate::scope`).
+    pub cache_scope: u64,
     pub return_tokens: bool,
     /// A specific slot (`id_slot`), or any.
     pub id_slot: Option<usize>,
@@ -274,11 +279,22 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         spec,
         stream: f.bool("stream")?.unwrap_or(false),
         cache_prompt: f.bool("cache_prompt")?.unwrap_or(d.cache_prompt),
+        cache_salt: parse_cache_salt(f)?,
+        cache_scope: 0,
         return_tokens: f.bool("return_tokens")?.unwrap_or(false),
         id_slot,
         grammar,
         reasoning_budget: None,
     })
+}
+
+/// `cache_salt`: a non-empty string when present (as vLLM checks it).
+fn parse_cache_salt(f: &Fields) -> Result<Option<String>, ApiError> {
+    match f.get("cache_salt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(_) => Err(type_error("cache_salt", "a non-empty string")),
+    }
 }
 
 /// llama-server sampling options specd does not implement: accepted at their "off" value,

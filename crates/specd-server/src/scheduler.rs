@@ -14,8 +14,8 @@ use specd_memory::{KvType, MemoryConfig, MemoryUsage, SeqId};
 use specd_models::Model;
 use specd_spec::engine::TokenProbs;
 use specd_spec::{
-    Engine, FinishReason, LiveTimings, PromptProgress, RollbackKind, SeqOutput, SequenceRequest,
-    SpecError, SpecStats, StepEvent,
+    Engine, FinishReason, LiveTimings, PromptProgress, RamCacheStats, RollbackKind, SeqOutput,
+    SequenceRequest, SpecError, SpecStats, StepEvent,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,8 +28,6 @@ pub struct Job {
     pub req: SequenceRequest,
     /// A specific slot, or the best free one.
     pub id_slot: Option<usize>,
-    /// Reuse the slot's kept memory for the common prompt prefix.
-    pub cache_prompt: bool,
     /// Where this job's events go; dropping the receiver cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
     /// The request's generation settings as shown by `/slots`.
@@ -40,20 +38,32 @@ pub struct Job {
     pub timings: bool,
 }
 
+/// Prompt reuse settings of the engine.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PromptCache {
+    /// Prompt-end checkpoints kept per slot (`--ctx-checkpoints`).
+    pub checkpoints: usize,
+    /// Bytes of the prompt cache in RAM (`--cache-ram`; 0: off).
+    pub ram_bytes: usize,
+}
+
 /// A saved slot: the tokens it kept and its memory as bytes.
 pub type SavedSlot = (Vec<u32>, Vec<u8>);
 
 /// A slot action (llama-server's `POST /slots/{id}?action=…`), run by the engine thread once
 /// the slot is idle (it waits while the slot generates, as in llama-server).
 pub enum SlotTask {
-    /// The slot's kept tokens and its memory as bytes.
+    /// The slot's kept tokens and its memory as bytes (empty if kept for another cache
+    /// scope than `scope`).
     Save {
         slot: usize,
+        scope: u64,
         reply: oneshot::Sender<Result<SavedSlot, ApiError>>,
     },
-    /// Makes the slot hold `tokens` with the saved memory `state`.
+    /// Makes the slot hold `tokens` with the saved memory `state`, for reuse by `scope`.
     Restore {
         slot: usize,
+        scope: u64,
         tokens: Vec<u32>,
         state: Vec<u8>,
         reply: oneshot::Sender<Result<(), ApiError>>,
@@ -164,6 +174,8 @@ pub struct Shared {
     pub deferred: usize,
     pub totals: Totals,
     pub memory: MemoryUsage,
+    /// The prompt cache in RAM.
+    pub ram_cache: RamCacheStats,
     /// The engine is released after `--sleep-idle-seconds` without work. The rest of the
     /// snapshot stays as it was on entering sleep.
     pub sleeping: bool,
@@ -177,13 +189,13 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Starts the engine thread. `n_ctx` is each slot's context, `n_parallel` the slot count;
-    /// `sleep_idle`: release the engine after that long without work.
+    /// Starts the engine thread over a memory of `mem_cfg` (one sequence per slot); `cache`:
+    /// prompt reuse settings; `sleep_idle`: release the engine after that long without work.
     pub fn start(
         model: Arc<Model>,
         mem_cfg: MemoryConfig,
         rollback: RollbackKind,
-        cache_checkpoints: usize,
+        cache: PromptCache,
         sleep_idle: Option<Duration>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -197,12 +209,12 @@ impl Scheduler {
                 .collect(),
             ..Default::default()
         }));
-        let engine = new_engine(&model, &mem_cfg, rollback, cache_checkpoints);
+        let engine = new_engine(&model, &mem_cfg, rollback, cache);
         let worker = Worker {
             model,
             mem_cfg,
             rollback,
-            cache_checkpoints,
+            cache,
             sleep_idle,
             engine: Some(engine),
             rx,
@@ -288,7 +300,7 @@ struct Worker {
     model: Arc<Model>,
     mem_cfg: MemoryConfig,
     rollback: RollbackKind,
-    cache_checkpoints: usize,
+    cache: PromptCache,
     sleep_idle: Option<Duration>,
     /// None while sleeping.
     engine: Option<Engine>,
@@ -325,10 +337,11 @@ fn new_engine(
     model: &Arc<Model>,
     mem_cfg: &MemoryConfig,
     rollback: RollbackKind,
-    cache_checkpoints: usize,
+    cache: PromptCache,
 ) -> Engine {
     let mut engine = Engine::new(model.clone(), mem_cfg.clone(), rollback);
-    engine.set_prompt_cache(true, cache_checkpoints);
+    engine.set_prompt_cache(true, cache.checkpoints);
+    engine.set_ram_cache(cache.ram_bytes);
     engine
 }
 
@@ -403,17 +416,18 @@ impl Worker {
             let bad = || ApiError::invalid("Invalid slot ID");
             let seq = slot as SeqId;
             match task {
-                SlotTask::Save { reply, .. } => {
+                SlotTask::Save { scope, reply, .. } => {
                     let r = if slot >= n_slots {
                         Err(bad())
                     } else {
                         self.engine()
-                            .save_kept(seq)
+                            .save_kept(seq, scope)
                             .map_err(|e| ApiError::server(format!("Unable to save slot: {e}")))
                     };
                     let _ = reply.send(r);
                 }
                 SlotTask::Restore {
+                    scope,
                     tokens,
                     state,
                     reply,
@@ -423,7 +437,7 @@ impl Worker {
                         Err(bad())
                     } else {
                         self.engine()
-                            .restore_kept(seq, tokens, &state)
+                            .restore_kept(seq, scope, tokens, &state)
                             .map_err(|e| ApiError::invalid(format!("Unable to restore slot: {e}")))
                     };
                     let _ = reply.send(r);
@@ -492,12 +506,7 @@ impl Worker {
     /// The engine, started again after a sleep.
     fn engine(&mut self) -> &mut Engine {
         self.engine.get_or_insert_with(|| {
-            new_engine(
-                &self.model,
-                &self.mem_cfg,
-                self.rollback,
-                self.cache_checkpoints,
-            )
+            new_engine(&self.model, &self.mem_cfg, self.rollback, self.cache)
         })
     }
 
@@ -563,36 +572,30 @@ impl Worker {
         }
     }
 
-    /// The free slot whose kept tokens share the longest prefix with the job's prompt, else the
-    /// least recently used one.
+    /// The free slot for a job: the one whose kept memory serves most of its prompt (what can
+    /// really be reused: a hybrid model's recurrent state only at its end, within its rollback
+    /// record or at a checkpoint — a longer common token prefix alone is no reason to take a
+    /// slot and destroy its conversation); else a slot that keeps nothing; else the least
+    /// recently used one, whose memory the engine saves to the prompt cache in RAM.
     fn pick_slot(&self, job: &Job) -> usize {
         let free = (0..self.last_used.len()).filter(|s| !self.active.contains_key(s));
-        let mut best: Option<(usize, usize, u64)> = None; // (slot, common, last_used)
-        for s in free {
-            let common = if job.cache_prompt {
-                self.engine
-                    .as_ref()
-                    .and_then(|e| e.cached_tokens(s as SeqId))
-                    .map_or(0, |c| common_prefix(c, &job.req.prompt))
-            } else {
-                0
+        let key = |s: usize| {
+            let seq = s as SeqId;
+            let (usable, empty) = match &self.engine {
+                Some(e) if job.req.cache_prompt => (
+                    e.reusable_prefix(seq, job.req.cache_scope, &job.req.prompt),
+                    e.cached_tokens(seq).is_none_or(<[u32]>::is_empty),
+                ),
+                Some(e) => (0, e.cached_tokens(seq).is_none_or(<[u32]>::is_empty)),
+                None => (0, true),
             };
-            let key = (common, std::cmp::Reverse(self.last_used[s]));
-            let better = match best {
-                None => true,
-                Some((_, bc, bl)) => key > (bc, std::cmp::Reverse(bl)),
-            };
-            if better {
-                best = Some((s, common, self.last_used[s]));
-            }
-        }
-        best.map_or(0, |(s, _, _)| s)
+            (usable, empty, std::cmp::Reverse(self.last_used[s]))
+        };
+        free.max_by_key(|&s| (key(s), std::cmp::Reverse(s)))
+            .unwrap_or(0)
     }
 
     fn start(&mut self, slot: usize, job: Job) {
-        if !job.cache_prompt {
-            self.engine().forget(slot as SeqId);
-        }
         if job.req.prompt.is_empty() {
             // llama-server answers an empty prompt at once, with nothing generated.
             let id_task = self.next_task;
@@ -794,7 +797,7 @@ impl Worker {
             &self.model,
             &self.mem_cfg,
             self.rollback,
-            self.cache_checkpoints,
+            self.cache,
         ));
         self.totals.engine_restarts += 1;
     }
@@ -826,13 +829,9 @@ impl Worker {
         sh.totals = self.totals.clone();
         if let Some(e) = &self.engine {
             sh.memory = e.memory().usage();
+            sh.ram_cache = e.ram_cache_stats();
         }
     }
-}
-
-/// Length of the common prefix.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// What decides a plain run's tokens: the key of [`ReferenceCache`].

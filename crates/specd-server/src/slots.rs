@@ -12,6 +12,7 @@
 use crate::error::{ApiError, ErrorKind};
 use crate::params::Fields;
 use crate::scheduler::SlotTask;
+use crate::scope::Caller;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -155,6 +156,7 @@ fn ms(t0: Instant) -> f64 {
 /// `POST /slots/{id_slot}?action=save|restore|erase`.
 pub async fn action(
     State(st): State<Arc<AppState>>,
+    caller: Caller,
     Path(id_slot): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
@@ -166,7 +168,7 @@ pub async fn action(
         serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))
     };
     let r = match body {
-        Ok(b) => action_inner(&st, &id_slot, &q, b).await,
+        Ok(b) => action_inner(&st, caller.scope(None), &id_slot, &q, b).await,
         Err(e) => Err(e),
     };
     match r {
@@ -177,6 +179,7 @@ pub async fn action(
 
 async fn action_inner(
     st: &AppState,
+    scope: u64,
     id_slot: &str,
     q: &HashMap<String, String>,
     body: Value,
@@ -194,7 +197,7 @@ async fn action_inner(
     match q.get("action").map(String::as_str) {
         Some("save") => {
             let name = filename(&body)?;
-            let (tokens, memory) = ask(st, |reply| SlotTask::Save { slot, reply }).await?;
+            let (tokens, memory) = ask(st, |reply| SlotTask::Save { slot, scope, reply }).await?;
             let data = encode(&tokens, &memory);
             let path = dir.join(&name);
             let n = data.len();
@@ -225,6 +228,7 @@ async fn action_inner(
             let state = memory.to_vec();
             ask(st, |reply| SlotTask::Restore {
                 slot,
+                scope,
                 tokens,
                 state,
                 reply,

@@ -6,6 +6,7 @@ use crate::drafter::ngram::{ModTable, NgramCache, NgramMapK, NgramMapK4v, NgramM
 use crate::drafter::synthetic::Synthetic;
 use crate::drafter::{Chain, DraftDist, DraftSampling, Drafter};
 use crate::params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
+use crate::reuse::{PromptReuse, RamCacheStats};
 use crate::rollback::{rollback_rejected, RolledBack};
 use crate::stats::SpecStats;
 use crate::SpecError;
@@ -50,6 +51,12 @@ pub struct SequenceRequest {
     /// The thinking budget (primed with the end of the prompt): the end of a thinking block
     /// that runs past it is forced (see [`ReasoningBudget`]).
     pub reasoning_budget: Option<ReasoningBudget>,
+    /// Reuse kept memory for the prompt's prefix (with prompt reuse on: see
+    /// [`Engine::set_prompt_cache`]); off, the prompt is processed from the start.
+    pub cache_prompt: bool,
+    /// Whose kept memory the request may reuse: memory is only ever reused within the scope
+    /// of the request that made it (the server's per-API-key and `cache_salt` partition).
+    pub cache_scope: u64,
 }
 
 /// The logit biases a request samples with: its own, then `-inf` on every end-of-generation
@@ -80,6 +87,8 @@ impl SequenceRequest {
             grammar: None,
             logit_bias: Vec::new(),
             reasoning_budget: None,
+            cache_prompt: true,
+            cache_scope: 0,
         }
     }
 }
@@ -268,12 +277,9 @@ pub struct Engine {
     rollback: RollbackKind,
     /// Built on the first grammar request: indexing a large vocabulary costs tens of ms.
     grammar_vocab: OnceLock<Arc<GrammarVocab>>,
-    /// Prompt reuse: finished sequences keep their memory (see [`Engine::set_prompt_cache`]).
-    keep_memory: bool,
-    /// Most prompt-end checkpoints kept per sequence (hybrid models).
-    max_prompt_checkpoints: usize,
-    /// Tokens held in memory by finished sequences whose memory was kept.
-    cached: BTreeMap<SeqId, Vec<u32>>,
+    /// Prompt reuse: what finished sequences keep, and the RAM cache (see
+    /// [`Engine::set_prompt_cache`]).
+    reuse: PromptReuse,
 }
 
 impl Engine {
@@ -301,9 +307,7 @@ impl Engine {
             mod_table: ModTable::new(1 << 20),
             rollback,
             grammar_vocab: OnceLock::new(),
-            keep_memory: false,
-            max_prompt_checkpoints: 0,
-            cached: BTreeMap::new(),
+            reuse: PromptReuse::default(),
         }
     }
 
@@ -357,7 +361,13 @@ impl Engine {
             sampler = sampler.with_reasoning_budget(b.clone());
         }
         let chain = self.build_chain(&req, sampler.seed())?;
-        let n_cached = self.reuse_prefix(seq, &req.prompt);
+        let n_cached = self.reuse.take(
+            &mut self.mem,
+            seq,
+            req.cache_scope,
+            &req.prompt,
+            req.cache_prompt,
+        );
         let tokens = req.prompt.clone();
         let n_prompt = tokens.len();
         let controller = Controller::new(req.spec.n_max);
@@ -586,7 +596,7 @@ impl Engine {
                             s.prefilled = true;
                             s.prompt_secs = secs + s.prefill_drafters();
                         }
-                        self.checkpoint_prompt(*id);
+                        self.reuse.checkpoint_prompt(&mut self.mem, *id);
                     }
                 }
                 Err(_) => {
@@ -615,7 +625,7 @@ impl Engine {
                                     s.prompt_secs =
                                         t0.elapsed().as_secs_f64() + s.prefill_drafters();
                                 }
-                                self.checkpoint_prompt(id);
+                                self.reuse.checkpoint_prompt(&mut self.mem, id);
                             }
                             Err(e) => {
                                 self.fail(id, e.to_string(), &mut events);
@@ -1000,7 +1010,8 @@ impl Engine {
         events: &mut Vec<StepEvent>,
     ) {
         if let Some(s) = self.seqs.remove(&id) {
-            self.retire_memory(id, &s.tokens);
+            self.reuse
+                .retire(&mut self.mem, id, s.req.cache_scope, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
             let output = SeqOutput {
                 text: s.text.text(),
@@ -1032,21 +1043,32 @@ impl Engine {
 
     /// Prompt reuse across requests on the same sequence id (server slots). With `keep` on, a
     /// finished sequence keeps its memory, and [`Engine::add`] on that id processes only the part
-    /// of the new prompt that its kept tokens do not already cover: the common prefix is kept
-    /// when memory can be cut there (attention KV truncation, or the last batch's recurrent
-    /// rollback record), otherwise a hybrid model's recurrent state is restored from the
-    /// checkpoint taken at the end of an earlier prompt (at most `max_checkpoints` per sequence,
-    /// within the memory's checkpoint byte budget); failing both, the prompt is processed from
-    /// the start. Off (the default): finished sequences free their memory. Turning it off frees
-    /// all kept memory.
+    /// of the new prompt that kept memory does not already cover (see [`crate::reuse`]): the
+    /// common prefix is kept when memory can be cut there (attention KV truncation, or the last
+    /// batch's recurrent rollback record), otherwise a hybrid model's recurrent state is
+    /// restored from the checkpoint taken at the end of an earlier prompt (at most
+    /// `max_checkpoints` per sequence, within the memory's checkpoint byte budget); failing
+    /// both, the prompt is processed from the start. Off (the default): finished sequences free
+    /// their memory. Turning it off frees all kept memory and the RAM cache.
     pub fn set_prompt_cache(&mut self, keep: bool, max_checkpoints: usize) {
-        self.keep_memory = keep;
-        self.max_prompt_checkpoints = max_checkpoints;
-        if !keep {
-            for seq in std::mem::take(&mut self.cached).into_keys() {
-                self.mem.clear(seq);
-            }
-        }
+        self.reuse.configure(&mut self.mem, keep, max_checkpoints);
+    }
+
+    /// The prompt cache in RAM: with prompt reuse on, the memory of a conversation whose
+    /// sequence another request takes is saved (up to `bytes` in all, least recently used
+    /// dropped first) and restored into whichever sequence serves its next request. 0: off.
+    pub fn set_ram_cache(&mut self, bytes: usize) {
+        self.reuse.set_ram_limit(bytes);
+    }
+
+    /// Counters of the RAM cache.
+    pub fn ram_cache_stats(&self) -> RamCacheStats {
+        self.reuse.ram_stats()
+    }
+
+    /// Frees every finished sequence's kept memory and the RAM cache.
+    pub fn clear_prompt_cache(&mut self) {
+        self.reuse.clear(&mut self.mem);
     }
 
     /// Prompt tokens a running sequence took from kept memory instead of processing them.
@@ -1056,54 +1078,52 @@ impl Engine {
 
     /// Tokens a finished sequence left in its kept memory (prompt reuse), if any.
     pub fn cached_tokens(&self, seq: SeqId) -> Option<&[u32]> {
-        self.cached.get(&seq).map(Vec::as_slice)
+        self.reuse.tokens(seq)
     }
 
-    /// Slot save: the tokens an idle sequence kept for prompt reuse and its memory as bytes
-    /// ([`specd_memory::Memory::save_sequence`]: KV, recurrent state, prompt checkpoints).
-    pub fn save_kept(&self, seq: SeqId) -> Result<(Vec<u32>, Vec<u8>), SpecError> {
+    /// Leading tokens of `prompt` a request of cache scope `scope` would take from what the
+    /// idle sequence `seq` kept (0 for a running one): what the server's slot choice compares.
+    pub fn reusable_prefix(&self, seq: SeqId, scope: u64, prompt: &[u32]) -> usize {
+        if self.seqs.contains_key(&seq) {
+            return 0;
+        }
+        self.reuse.reusable(&self.mem, seq, scope, prompt)
+    }
+
+    /// Slot save: the tokens an idle sequence kept for prompt reuse by `scope` and its memory
+    /// as bytes ([`specd_memory::Memory::save_sequence`]: KV, recurrent state, prompt
+    /// checkpoints). Memory kept for another scope saves as empty.
+    pub fn save_kept(&self, seq: SeqId, scope: u64) -> Result<(Vec<u32>, Vec<u8>), SpecError> {
         if self.seqs.contains_key(&seq) {
             return Err(SpecError::Invalid(format!("sequence {seq} is running")));
         }
-        let tokens = self.cached.get(&seq).cloned().unwrap_or_default();
-        Ok((tokens, self.mem.save_sequence(seq)?))
+        Ok(self.reuse.save(&self.mem, seq, scope)?)
     }
 
     /// Slot restore: makes an idle sequence hold `tokens` with the memory saved by
-    /// [`Engine::save_kept`], so the next request on it reuses them like its own earlier
-    /// prompt. On error the sequence's kept memory is freed (as a failed restore leaves it in
-    /// llama-server).
+    /// [`Engine::save_kept`], so the next request of `scope` on it reuses them like its own
+    /// earlier prompt. On error the sequence's kept memory is freed (as a failed restore leaves
+    /// it in llama-server).
     pub fn restore_kept(
         &mut self,
         seq: SeqId,
+        scope: u64,
         tokens: Vec<u32>,
         state: &[u8],
     ) -> Result<(), SpecError> {
         if self.seqs.contains_key(&seq) {
             return Err(SpecError::Invalid(format!("sequence {seq} is running")));
         }
-        if !self.keep_memory {
-            return Err(SpecError::Invalid(
-                "prompt reuse is off: a restored memory would not be kept".into(),
-            ));
-        }
-        self.forget(seq);
         let n_vocab = self.model.config().n_vocab;
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            self.forget(seq);
             return Err(SpecError::Invalid(format!(
                 "saved token {t} out of vocabulary ({n_vocab})"
             )));
         }
-        let n = self.mem.load_sequence(seq, state)?;
-        if n != tokens.len() {
-            self.mem.clear(seq);
-            return Err(SpecError::Invalid(format!(
-                "the saved memory holds {n} positions for {} saved tokens",
-                tokens.len()
-            )));
-        }
-        self.cached.insert(seq, tokens);
-        Ok(())
+        self.reuse
+            .restore(&mut self.mem, seq, scope, tokens, state)
+            .map_err(SpecError::Invalid)
     }
 
     /// Frees the memory a finished sequence kept (no effect on a running sequence).
@@ -1111,8 +1131,7 @@ impl Engine {
         if self.seqs.contains_key(&seq) {
             return;
         }
-        self.cached.remove(&seq);
-        self.mem.clear(seq);
+        self.reuse.forget(&mut self.mem, seq);
     }
 
     /// Timing counters of a running sequence so far.
@@ -1132,88 +1151,6 @@ impl Engine {
     /// `n_probs > 0`), for streaming them before the sequence finishes.
     pub fn token_probs(&self, seq: SeqId) -> Option<&[TokenProbs]> {
         self.seqs.get(&seq).map(|s| s.probs.as_slice())
-    }
-
-    /// Leaves `seq`'s memory holding a prefix of `prompt` (shorter than the prompt: its last
-    /// token is fed by the first round) and returns that prefix's length; memory is cleared
-    /// when nothing can be reused.
-    fn reuse_prefix(&mut self, seq: SeqId, prompt: &[u32]) -> usize {
-        let cached = self.cached.remove(&seq);
-        let Some(cached) = cached.filter(|_| self.keep_memory) else {
-            self.mem.clear(seq);
-            return 0;
-        };
-        let common = cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len().saturating_sub(1));
-        let n_past = self.mem.n_past(seq);
-        if common > 0 && common == n_past {
-            return common;
-        }
-        // Cut memory back to the common prefix where it can be cut exactly.
-        if common > 0 && common < n_past && self.mem.remove_from(seq, common).is_ok() {
-            return common;
-        }
-        // Recurrent state cannot be truncated: restore the latest prompt-end checkpoint that
-        // lies within the common prefix.
-        let best = self
-            .mem
-            .checkpoints_of(seq)
-            .into_iter()
-            .filter(|&(_, pos)| pos > 0 && pos <= common)
-            .max_by_key(|&(_, pos)| pos);
-        if let Some((id, pos)) = best {
-            if self.mem.restore(seq, id).is_ok() {
-                return pos;
-            }
-        }
-        self.mem.clear(seq);
-        0
-    }
-
-    /// With prompt reuse on a hybrid model: checkpoints the recurrent state at the end of the
-    /// prompt just processed, so a later prompt that shares it but not what was generated after
-    /// it can restart there. Keeps the newest `max_prompt_checkpoints` per sequence.
-    fn checkpoint_prompt(&mut self, id: SeqId) {
-        if !self.keep_memory
-            || self.max_prompt_checkpoints == 0
-            || !self.model.memory_layout().is_hybrid()
-            || !self.seqs.contains_key(&id)
-        {
-            return;
-        }
-        let pos = self.mem.n_past(id);
-        let mut have = self.mem.checkpoints_of(id);
-        if pos == 0 || have.iter().any(|&(_, p)| p == pos) {
-            return;
-        }
-        // A full checkpoint budget only evicts older checkpoints, never fails the sequence.
-        if let Ok(Some(cp)) = self.mem.checkpoint(id) {
-            have.push((cp, pos));
-        }
-        while have.len() > self.max_prompt_checkpoints {
-            let (old, _) = have.remove(0);
-            self.mem.drop_checkpoint(old);
-        }
-    }
-
-    /// A finished sequence's memory: freed, or kept (holding `tokens`' prefix) for prompt reuse.
-    fn retire_memory(&mut self, id: SeqId, tokens: &[u32]) {
-        if !self.keep_memory {
-            self.mem.clear(id);
-            return;
-        }
-        // Accepted drafts past a stop can be in memory but not in `tokens`: cut them off.
-        let n_past = self.mem.n_past(id);
-        let keep = n_past.min(tokens.len());
-        if n_past > keep && self.mem.remove_from(id, keep).is_err() {
-            self.mem.clear(id);
-            return;
-        }
-        self.cached.insert(id, tokens[..keep].to_vec());
     }
 
     /// Runs one sequence to completion (convenience for the CLI and tests).

@@ -12,6 +12,7 @@
 //! * [`engine::Engine`]: the round for many sequences at once.
 //! * [`controller`]: picks each round's draft length for the best expected tokens per second
 //!   (zero included) — speculation must never make generation slower.
+//! * [`reuse`]: prompt reuse across requests and the prompt cache in RAM.
 //! * [`stats`]: per-sequence statistics (speculative.md §7).
 
 pub mod controller;
@@ -19,6 +20,7 @@ pub mod drafter;
 pub mod engine;
 pub mod grammar;
 pub mod params;
+pub mod reuse;
 pub mod rollback;
 pub mod stats;
 
@@ -26,6 +28,7 @@ pub use engine::{
     Engine, FinishReason, LiveTimings, PromptProgress, SeqOutput, SequenceRequest, StepEvent,
 };
 pub use params::{DrafterKind, RollbackKind, SpecParams, VerifyKind};
+pub use reuse::RamCacheStats;
 pub use stats::SpecStats;
 
 /// Errors of a generation.

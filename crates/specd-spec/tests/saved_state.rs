@@ -1,7 +1,9 @@
 //! Slot save / restore at the engine level: a sequence's kept memory saved from one engine and
 //! restored into another sequence (of another engine, with another KV type) continues exactly
 //! as the original would — the same tokens and the same reuse of the prompt prefix — and a
-//! restore that cannot be right is an error that leaves nothing half-loaded.
+//! restore that cannot be right is an error that leaves nothing half-loaded. The prompt cache in
+//! RAM moves the same saved memory between conversations on one sequence: a conversation
+//! continued from it is the conversation that never left, and scopes never share it.
 
 use specd_memory::{KvType, MemoryConfig};
 use specd_models::{Model, ModelOptions};
@@ -55,15 +57,15 @@ fn check_round_trip(preset: Preset) {
 
     let mut a = engine(&model, KvType::F32);
     run(&mut a, 0, &first, 12);
-    let (tokens, bytes) = a.save_kept(0).unwrap();
+    let (tokens, bytes) = a.save_kept(0, 0).unwrap();
     assert!(!tokens.is_empty());
     assert_eq!(&tokens[..first.len()], first.as_slice());
 
     // Restored into sequence 1 of another engine: saving it again gives the same bytes.
     let mut b = engine(&model, KvType::F32);
-    b.restore_kept(1, tokens.clone(), &bytes).unwrap();
+    b.restore_kept(1, 0, tokens.clone(), &bytes).unwrap();
     assert_eq!(b.cached_tokens(1), Some(tokens.as_slice()));
-    assert_eq!(b.save_kept(1).unwrap().1, bytes);
+    assert_eq!(b.save_kept(1, 0).unwrap().1, bytes);
 
     // Both continue with a prompt sharing a prefix: same tokens, same reuse as the original.
     let out_a = run(&mut a, 0, &second, 16);
@@ -79,7 +81,7 @@ fn check_round_trip(preset: Preset) {
     let mut longer = tokens.clone();
     longer.extend([11, 12, 13]);
     let mut c = engine(&model, KvType::F32);
-    c.restore_kept(0, tokens.clone(), &bytes).unwrap();
+    c.restore_kept(0, 0, tokens.clone(), &bytes).unwrap();
     let out_c = run(&mut c, 0, &longer, 8);
     assert_eq!(out_c.n_cached, tokens.len());
     let fresh = run(&mut engine(&model, KvType::F32), 0, &longer, 8);
@@ -87,7 +89,7 @@ fn check_round_trip(preset: Preset) {
 
     // Into an f16 cache: the KV is converted and the restored slot still serves.
     let mut h = engine(&model, KvType::F16);
-    h.restore_kept(0, tokens.clone(), &bytes).unwrap();
+    h.restore_kept(0, 0, tokens.clone(), &bytes).unwrap();
     assert_eq!(run(&mut h, 0, &longer, 4).n_cached, tokens.len());
 }
 
@@ -109,7 +111,7 @@ fn bad_saved_states_are_errors_and_free_the_slot() {
     let (first, _) = prompts();
     let mut a = engine(&model, KvType::F32);
     run(&mut a, 0, &first, 8);
-    let (tokens, bytes) = a.save_kept(0).unwrap();
+    let (tokens, bytes) = a.save_kept(0, 0).unwrap();
 
     let mut b = engine(&model, KvType::F32);
     for (what, toks, state) in [
@@ -127,8 +129,8 @@ fn bad_saved_states_are_errors_and_free_the_slot() {
         ("token count", tokens[1..].to_vec(), bytes.clone()),
         ("vocabulary", vec![u32::MAX; tokens.len()], bytes.clone()),
     ] {
-        b.restore_kept(1, tokens.clone(), &bytes).unwrap();
-        let e = b.restore_kept(1, toks, &state);
+        b.restore_kept(1, 0, tokens.clone(), &bytes).unwrap();
+        let e = b.restore_kept(1, 0, toks, &state);
         assert!(e.is_err(), "{what}: accepted");
         assert_eq!(b.cached_tokens(1), None, "{what}: slot not freed");
         assert_eq!(b.memory().n_past(1), 0, "{what}: memory left behind");
@@ -136,6 +138,60 @@ fn bad_saved_states_are_errors_and_free_the_slot() {
 
     // Another model's layout is refused by name.
     let mut l = engine(&other, KvType::F32);
-    let e = l.restore_kept(0, tokens, &bytes).unwrap_err().to_string();
+    let e = l
+        .restore_kept(0, 0, tokens, &bytes)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("another model"), "{e}");
+}
+
+/// Two conversations on one sequence with the RAM cache: A's memory is saved when B takes the
+/// sequence and loaded back for A's follow-up, which reuses all of it and generates what an
+/// engine that never ran B generates. Another scope sees none of it.
+fn check_ram_cache(preset: Preset) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = load(dir.path(), preset, "m.gguf");
+    let (a1, _) = prompts();
+    let b1: Vec<u32> = (0..30).map(|i| (i * 13 + 2) % 180 + 7).collect();
+    let follow = |first: &[u32], out: &SeqOutput| {
+        let mut p = first.to_vec();
+        p.extend(&out.tokens);
+        p.extend([21, 22, 23]);
+        p
+    };
+    let mut e = engine(&model, KvType::F32);
+    e.set_ram_cache(64 << 20);
+    let out_a1 = run(&mut e, 0, &a1, 10);
+    let out_b1 = run(&mut e, 0, &b1, 10);
+    assert_eq!(out_b1.n_cached, 0);
+    assert_eq!(e.ram_cache_stats().entries, 1);
+    let a2 = follow(&a1, &out_a1);
+    let out_a2 = run(&mut e, 0, &a2, 10);
+    assert_eq!(out_a2.n_cached, a1.len() + out_a1.tokens.len() - 1);
+    let s = e.ram_cache_stats();
+    assert_eq!((s.hits, s.saves, s.entries), (1, 2, 1), "{s:?}");
+    let mut fresh = engine(&model, KvType::F32);
+    run(&mut fresh, 0, &a1, 10);
+    assert_eq!(run(&mut fresh, 0, &a2, 10).tokens, out_a2.tokens);
+
+    // B's memory is in the cache under scope 0: a request of scope 7 reuses nothing.
+    let b2 = follow(&b1, &out_b1);
+    let mut req = SequenceRequest::greedy(b2.clone(), 4);
+    req.cache_scope = 7;
+    assert_eq!(e.generate(0, req).unwrap().n_cached, 0);
+    // ...and scope 0 still finds it.
+    assert_eq!(
+        run(&mut e, 0, &b2, 4).n_cached,
+        b1.len() + out_b1.tokens.len() - 1
+    );
+}
+
+#[test]
+fn hybrid_conversation_comes_back_from_the_ram_cache() {
+    check_ram_cache(Preset::Qwen35Tiny);
+}
+
+#[test]
+fn attention_only_conversation_comes_back_from_the_ram_cache() {
+    check_ram_cache(Preset::LlamaTiny);
 }

@@ -252,7 +252,8 @@ async fn single_turn_phase(
 }
 
 /// `concurrency` copies of the conversation at once, each turn sent with the whole history.
-/// A copy stops at its first failed turn (the history would be wrong after it). Returns each
+/// Each copy opens with a system line naming it, so copies are distinct conversations (as
+/// distinct users' are): none can reuse another's cached history. A copy stops at its first failed turn (the history would be wrong after it). Returns each
 /// copy's outcomes by turn and the wall time.
 async fn multi_turn_phase(
     ep: &Arc<Endpoint>,
@@ -264,10 +265,11 @@ async fn multi_turn_phase(
     let pb = super::bar(concurrency * turns.len(), "multi-turn");
     let t0 = Instant::now();
     let mut copies = Vec::new();
-    for _ in 0..concurrency {
+    for k in 0..concurrency {
         let (ep, opts, turns, pb) = (ep.clone(), opts.clone(), turns.clone(), pb.clone());
         copies.push(tokio::spawn(async move {
-            let mut history: Vec<Value> = Vec::new();
+            let mut history: Vec<Value> =
+                vec![json!({"role": "system", "content": format!("Session {}.", k + 1)})];
             let mut outcomes = Vec::new();
             for turn in turns.iter() {
                 history.push(json!({"role": "user", "content": turn}));

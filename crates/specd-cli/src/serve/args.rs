@@ -58,6 +58,11 @@ pub struct ServeArgs {
         default_value_t = 8
     )]
     pub ctx_checkpoints: usize,
+    /// MiB of the prompt cache in RAM: the memory (KV and recurrent state) of conversations
+    /// whose slot another request took, restored when they continue (-1: no limit, 0: off).
+    #[arg(long = "cache-ram", default_value_t = 8192, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub cache_ram: i64,
     /// API keys, comma-separated (clients send `Authorization: Bearer KEY`).
     #[arg(long = "api-key")]
     pub api_key: Option<String>,

@@ -170,12 +170,7 @@ static OPTIONS: &[Opt] = &[
     .env("LLAMA_ARG_CTX_CHECKPOINTS"),
     opt(&["-cms", "--checkpoint-min-step"], One, Ignore(NO_EFFECT))
         .env("LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
-    opt(
-        &["-cram", "--cache-ram"],
-        One,
-        Ignore("specd keeps prompts in each slot's memory, not in a separate RAM cache"),
-    )
-    .env("LLAMA_ARG_CACHE_RAM"),
+    opt(&["-cram", "--cache-ram"], One, Take).env("LLAMA_ARG_CACHE_RAM"),
     opt(&["-kvu", "--kv-unified"], Switch, Take)
         .neg(&["-no-kvu", "--no-kv-unified"])
         .env("LLAMA_ARG_KV_UNIFIED"),

@@ -314,6 +314,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         body_limit,
         rollback,
         ctx_checkpoints: a.ctx_checkpoints,
+        cache_ram: match a.cache_ram {
+            -1 => usize::MAX,
+            mib => usize::try_from(mib).unwrap_or(0).saturating_mul(1 << 20),
+        },
         kv_unified,
         draft_model,
         verbose: a.verbose,

@@ -12,6 +12,7 @@ use super::report::*;
 use super::stream::{sse, StreamShape};
 use super::*;
 use crate::error::{ErrorKind, JsonBody};
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -587,10 +588,13 @@ impl StreamShape for MessagesShape {
 /// `POST /v1/messages`: Anthropic's Messages API.
 pub async fn messages(
     State(st): State<Arc<AppState>>,
+    caller: Caller,
     body: Result<JsonBody, ApiError>,
 ) -> Response {
     match body {
-        Ok(JsonBody(b)) => into_response_a(messages_inner(st, b).await.map_err(AnthropicError)),
+        Ok(JsonBody(b)) => {
+            into_response_a(messages_inner(st, caller, b).await.map_err(AnthropicError))
+        }
         Err(e) => AnthropicError(e).into_response(),
     }
 }
@@ -599,10 +603,14 @@ fn into_response_a(r: Result<Response, AnthropicError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn messages_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn messages_inner(
+    st: Arc<AppState>,
+    caller: Caller,
+    body: Value,
+) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
     let f = Fields::of(&chat);
-    let (prompt, mut g, out_cfg) = chat_request(&st, &f)?;
+    let (prompt, mut g, out_cfg) = chat_request(&st, &f, caller)?;
     g.n_cmpl = 1;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let stops = f.strings("stop")?.unwrap_or_default();

@@ -7,6 +7,7 @@ use super::report::*;
 use super::stream::{data, into_response, sse, StreamShape};
 use super::*;
 use crate::error::JsonBody;
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -187,13 +188,17 @@ impl StreamShape for ChatShape {
 }
 
 /// `POST /v1/chat/completions`: OpenAI's chat API.
-pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
-    into_response(chat_inner(st, body).await)
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Response {
+    into_response(chat_inner(st, caller, body).await)
 }
 
-async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn chat_inner(st: Arc<AppState>, caller: Caller, body: Value) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let (prompt, g, out_cfg) = chat_request(&st, &f)?;
+    let (prompt, g, out_cfg) = chat_request(&st, &f, caller)?;
     let x = Extras::of(&st, &f, &g)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {

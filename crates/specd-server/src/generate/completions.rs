@@ -6,6 +6,7 @@ use super::report::*;
 use super::stream::{data, into_response, sse, StreamShape};
 use super::*;
 use crate::error::JsonBody;
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -96,13 +97,21 @@ impl StreamShape for CompletionShape {
 }
 
 /// `POST /v1/completions`: OpenAI's completions API.
-pub async fn oai_completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
-    into_response(oai_completion_inner(st, body).await)
+pub async fn oai_completion(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Response {
+    into_response(oai_completion_inner(st, caller, body).await)
 }
 
-async fn oai_completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn oai_completion_inner(
+    st: Arc<AppState>,
+    caller: Caller,
+    body: Value,
+) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let mut g = gen_params(&st, &f, Api::OaiCompletion)?;
+    let mut g = gen_params(&st, &f, Api::OaiCompletion, caller)?;
     let prompts = match super::infill::suffix_prompts(&st, &f, &mut g)? {
         Some(p) => p,
         None => parse_prompts(&st, &f)?,

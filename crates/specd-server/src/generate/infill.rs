@@ -11,6 +11,7 @@ use super::prompt::{is_int, prompt_token, tokenize_prompt};
 use super::stream::into_response;
 use super::*;
 use crate::error::{ErrorKind, JsonBody};
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::Value;
@@ -228,11 +229,19 @@ fn infill_spec(st: &AppState, f: &Fields, g: &mut GenParams) -> Result<(), ApiEr
 /// `POST /infill`: llama-server's code infill. Fields: `input_prefix`, `input_suffix` (required),
 /// `input_extra`, `prompt` (a string, written where the middle starts), and every `/completion`
 /// field; the answer is `/completion`'s.
-pub async fn infill(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
-    into_response(infill_inner(st, body).await)
+pub async fn infill(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Response {
+    into_response(infill_inner(st, caller, body).await)
 }
 
-async fn infill_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn infill_inner(
+    st: Arc<AppState>,
+    caller: Caller,
+    body: Value,
+) -> Result<Response, ApiError> {
     let (fim, ids) = fim_tokens(&st)?;
     let f = Fields::of(&body);
     let prompt = match f.get("prompt") {
@@ -248,7 +257,7 @@ async fn infill_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiErr
     };
     let (prefix, suffix) = (part("input_prefix")?, part("input_suffix")?);
     let extra = parse_extra(&f)?;
-    let mut g = gen_params(&st, &f, Api::Llama)?;
+    let mut g = gen_params(&st, &f, Api::Llama, caller)?;
     infill_spec(&st, &f, &mut g)?;
     let x = Extras::of(&st, &f, &g)?;
     let parts = FimParts {

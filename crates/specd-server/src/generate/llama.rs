@@ -5,6 +5,7 @@ use super::report::*;
 use super::stream::{data, into_response, sse, StreamShape};
 use super::*;
 use crate::error::JsonBody;
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -164,13 +165,21 @@ impl StreamShape for LlamaShape {
 }
 
 /// `POST /completion`: llama-server's completion API.
-pub async fn completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
-    into_response(completion_inner(st, body).await)
+pub async fn completion(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Response {
+    into_response(completion_inner(st, caller, body).await)
 }
 
-async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn completion_inner(
+    st: Arc<AppState>,
+    caller: Caller,
+    body: Value,
+) -> Result<Response, ApiError> {
     let f = Fields::of(&body);
-    let g = gen_params(&st, &f, Api::Llama)?;
+    let g = gen_params(&st, &f, Api::Llama, caller)?;
     let x = Extras::of(&st, &f, &g)?;
     let tasks = tasks(parse_prompts(&st, &f)?, &g);
     respond(st, tasks, x).await

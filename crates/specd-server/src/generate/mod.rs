@@ -6,6 +6,7 @@
 use crate::error::ApiError;
 use crate::params::{parse_gen, parse_logit_bias, parse_n_cmpl, Api, Fields, GenParams};
 use crate::scheduler::{Event, Job};
+use crate::scope::Caller;
 use crate::AppState;
 use serde_json::{json, Value};
 use specd_sampling::{GrammarSpec, SamplerParams, RANDOM_SEED};
@@ -102,8 +103,14 @@ pub(crate) fn settings_of(st: &AppState, g: &GenParams) -> Value {
 
 /// A request's generation parameters, with the fields that need the server: `logit_bias`
 /// (texts are tokenized) and `n_cmpl` / `n` (at most one completion per slot).
-pub(crate) fn gen_params(st: &AppState, f: &Fields, api: Api) -> Result<GenParams, ApiError> {
+pub(crate) fn gen_params(
+    st: &AppState,
+    f: &Fields,
+    api: Api,
+    caller: Caller,
+) -> Result<GenParams, ApiError> {
     let mut g = parse_gen(f, &st.cfg.defaults, api)?;
+    g.cache_scope = caller.scope(g.cache_salt.as_deref());
     let tok = st.model.tokenizer();
     // A request's `logit_bias` replaces the command line's.
     g.logit_bias = if f.get("logit_bias").is_some() {
@@ -166,6 +173,8 @@ pub(crate) fn prepare(
     r.logit_bias = g.logit_bias.clone();
     r.grammar = g.grammar.clone();
     r.reasoning_budget = g.reasoning_budget.clone();
+    r.cache_prompt = g.cache_prompt;
+    r.cache_scope = g.cache_scope;
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
         if r.draft_model.is_none() {
@@ -238,7 +247,6 @@ pub(crate) async fn submit(
     st.sched.submit(Job {
         req,
         id_slot: g.id_slot,
-        cache_prompt: g.cache_prompt,
         events: tx,
         settings: settings_of(st, g),
         progress: x.progress,

@@ -8,6 +8,7 @@ use super::gen_params;
 use super::prompt::chat_prompt_text;
 use crate::error::ApiError;
 use crate::params::{Api, Fields, GenParams};
+use crate::scope::Caller;
 use crate::AppState;
 use serde_json::Value;
 use specd_output::{tool_grammar, OutputConfig, ReasoningFormat, ToolFormat, ToolSpec};
@@ -234,8 +235,9 @@ pub(crate) fn reasoning_budget(
 pub(crate) fn chat_request(
     st: &AppState,
     f: &Fields,
+    caller: Caller,
 ) -> Result<(Vec<u32>, GenParams, OutputConfig), ApiError> {
-    let mut g = gen_params(st, f, Api::OaiChat)?;
+    let mut g = gen_params(st, f, Api::OaiChat, caller)?;
     let (text, prompt) = chat_prompt_text(st, f)?;
     let (out_cfg, tool_grammar) = chat_output(st, f, &text)?;
     if tool_grammar.is_some() {

@@ -13,6 +13,7 @@ use super::report::*;
 use super::stream::{into_response, sse, StreamShape};
 use super::*;
 use crate::error::JsonBody;
+use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -756,14 +757,22 @@ impl StreamShape for ResponsesShape {
 }
 
 /// `POST /v1/responses`: OpenAI's Responses API.
-pub async fn responses(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> Response {
-    into_response(responses_inner(st, body).await)
+pub async fn responses(
+    State(st): State<Arc<AppState>>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Response {
+    into_response(responses_inner(st, caller, body).await)
 }
 
-async fn responses_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+async fn responses_inner(
+    st: Arc<AppState>,
+    caller: Caller,
+    body: Value,
+) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
     let f = Fields::of(&chat);
-    let (prompt, mut g, out_cfg) = chat_request(&st, &f)?;
+    let (prompt, mut g, out_cfg) = chat_request(&st, &f, caller)?;
     g.n_cmpl = 1;
     let x = Extras::of(&st, &f, &g)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
