@@ -157,7 +157,10 @@ class Cluster:
              "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
              "--worker-urls", *self.urls,
              "--policy", "manual", "--assignment-mode", "min_group",
-             "--health-check-interval-secs", "1", "--log-level", "info"],
+             "--health-check-interval-secs", "1",
+             # A killed worker's circuit breaker opens; it is tried again after this long
+             # (default 60 s).
+             "--cb-timeout-duration-secs", "5", "--log-level", "info"],
         )
 
     def chat(self, key, messages, max_tokens, extra=None, timeout=60):
