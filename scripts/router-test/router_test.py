@@ -211,6 +211,9 @@ def check_stickiness(c, n_conv, n_turns):
     threads = [threading.Thread(target=converse, args=(i,)) for i in range(n_conv)]
     for t in threads:
         t.start()
+        # Staggered, a new conversation's first turn meets a worker whose slots keep the
+        # others' histories (which the slot choice must leave alone).
+        time.sleep(c.args.stagger)
     for t in threads:
         t.join(timeout=300)
     bad = []
@@ -378,6 +381,8 @@ def main():
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--load-secs", type=float, default=6.0)
+    ap.add_argument("--stagger", type=float, default=0.0,
+                    help="seconds between the conversations' starts (default: all at once)")
     ap.add_argument("--keep-logs", action="store_true")
     args = ap.parse_args()
     if args.workers < 2:
