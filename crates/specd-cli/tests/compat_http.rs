@@ -49,7 +49,7 @@ fn described(text: &str, name: &str) -> (String, String, f64) {
     (help.into(), kind.into(), metric(text, name))
 }
 
-const COUNTERS: [(&str, &str); 10] = [
+const COUNTERS: [(&str, &str); 9] = [
     (
         "prompt_tokens_total",
         "Number of prompt tokens processed, excluding cached tokens",
@@ -72,10 +72,6 @@ const COUNTERS: [(&str, &str); 10] = [
         "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
     ),
     (
-        "n_tokens_max",
-        "Largest observed sequence length (prompt + generation)",
-    ),
-    (
         "spec_decode_num_draft_tokens_total",
         "Speculative: Total draft tokens generated",
     ),
@@ -89,7 +85,13 @@ const COUNTERS: [(&str, &str); 10] = [
     ),
 ];
 
-const GAUGES: [(&str, &str); 5] = [
+/// `n_tokens_max` is a counter in llama-server: a maximum is a gauge, and a counter's name must
+/// end in `_total` (Prometheus parsers refuse the page otherwise).
+const GAUGES: [(&str, &str); 6] = [
+    (
+        "n_tokens_max",
+        "Largest observed sequence length (prompt + generation)",
+    ),
     (
         "prompt_tokens_seconds",
         "Average prompt throughput in tokens/s",

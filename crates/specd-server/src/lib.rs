@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod params;
 pub mod scheduler;
 mod scope;
+mod sglang;
 mod slots;
 pub mod vertex;
 
@@ -257,14 +258,21 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
     res
 }
 
-/// Endpoints a sleeping server answers without waking (as in llama-server).
-const SLEEP_PATHS: [&str; 6] = [
+/// Endpoints a sleeping server answers without waking (as in llama-server; and SGLang's
+/// info, load and flush endpoints, which need no engine).
+const SLEEP_PATHS: [&str; 12] = [
     "/health",
     "/v1/health",
     "/models",
     "/v1/models",
     "/props",
     "/metrics",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/get_load",
+    "/flush_cache",
 ];
 
 /// Any other endpoint wakes a sleeping server (`--sleep-idle-seconds`) before it answers.
@@ -285,6 +293,18 @@ fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         ("/props", get(api::props)),
         ("/slots", get(api::slots)),
         ("/metrics", get(metrics::metrics)),
+        // What SGLang's model gateway reads from a worker (see `sglang.rs`).
+        ("/server_info", get(sglang::server_info)),
+        ("/get_server_info", get(sglang::server_info)),
+        ("/model_info", get(sglang::model_info)),
+        ("/get_model_info", get(sglang::model_info)),
+        ("/get_load", get(sglang::get_load)),
+        ("/health_generate", get(sglang::health_generate)),
+        // SGLang serves it on GET and POST; the gateway POSTs.
+        (
+            "/flush_cache",
+            get(sglang::flush_cache).post(sglang::flush_cache),
+        ),
     ]
 }
 

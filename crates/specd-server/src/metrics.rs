@@ -173,64 +173,72 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let g = "gauge";
     // llama-server's metrics, in its order, with its help lines.
     let s = &t.spec;
-    let counters = [
+    let metrics = [
         (
             "prompt_tokens_total",
+            c,
             "Number of prompt tokens processed, excluding cached tokens",
             t.prompt_tokens as f64,
         ),
         (
             "prompt_tokens_cached_total",
+            c,
             "Number of prompt tokens reused from the cache",
             t.cached_prompt_tokens as f64,
         ),
         (
             "prompt_seconds_total",
+            c,
             "Total time spent processing prompts",
             t.prompt_us as f64 / 1e6,
         ),
         (
             "tokens_predicted_total",
+            c,
             "Number of generation tokens processed",
             t.predicted_tokens as f64,
         ),
         (
             "tokens_predicted_seconds_total",
+            c,
             "Total time spent generating tokens",
             t.predicted_us as f64 / 1e6,
         ),
         (
             "n_decode_total",
+            c,
             "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
             t.steps as f64,
         ),
         (
             "n_tokens_max",
+            // llama-server declares it a counter; a maximum is a gauge, and a counter's name
+            // must end in `_total` (SGLang's model gateway drops a page that breaks this).
+            g,
             "Largest observed sequence length (prompt + generation)",
             t.n_tokens_max as f64,
         ),
         (
             "spec_decode_num_draft_tokens_total",
+            c,
             "Speculative: Total draft tokens generated",
             s.draft_tokens as f64,
         ),
         (
             "spec_decode_num_accepted_tokens_total",
+            c,
             "Speculative: Total draft tokens accepted by the target model",
             s.accepted_tokens as f64,
         ),
         (
             "spec_decode_num_drafts_total",
+            c,
             "Speculative: Total speculative decoding verification steps",
             s.drafts as f64,
         ),
-    ];
-    for (name, help, v) in counters {
-        o.metric(&format!("llamacpp:{name}"), c, help, v);
-    }
-    let gauges = [
         (
             "prompt_tokens_seconds",
+            g,
             "Average prompt throughput in tokens/s",
             rate(
                 now.prompt_tokens.saturating_sub(last.prompt_tokens),
@@ -239,6 +247,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         ),
         (
             "predicted_tokens_seconds",
+            g,
             "Average generation throughput in tokens/s",
             rate(
                 now.predicted_steps.saturating_sub(last.predicted_steps),
@@ -247,22 +256,25 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         ),
         (
             "requests_processing",
+            g,
             "Number of requests processing",
             processing as f64,
         ),
         (
             "requests_deferred",
+            g,
             "Number of requests deferred",
             snap.deferred as f64,
         ),
         (
             "n_busy_slots_per_decode",
+            g,
             "Average number of busy slots per llama_decode() call",
             t.busy_slot_steps as f64 / (t.steps as f64).max(1.0),
         ),
     ];
-    for (name, help, v) in gauges {
-        o.metric(&format!("llamacpp:{name}"), g, help, v);
+    for (name, kind, help, v) in metrics {
+        o.metric(&format!("llamacpp:{name}"), kind, help, v);
     }
     if !s.accepted_per_position.is_empty() {
         o.labelled(

@@ -91,6 +91,17 @@ enum Msg {
     Slot(SlotTask),
     /// Leave the sleeping state; answered once awake.
     Wake(oneshot::Sender<()>),
+    /// Drop every slot's kept memory (see [`Scheduler::flush`]).
+    Flush(oneshot::Sender<Flushed>),
+}
+
+/// What a cache flush did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// Every slot's kept memory was dropped: this many slots held this many tokens.
+    Done { slots: usize, tokens: usize },
+    /// Requests were running or waiting (this many): nothing was dropped.
+    Busy(usize),
 }
 
 /// What the engine thread tells a job.
@@ -170,8 +181,9 @@ pub struct SlotView {
 #[derive(Debug, Clone, Default)]
 pub struct Shared {
     pub slots: Vec<SlotView>,
-    /// Requests waiting for a slot.
+    /// Requests waiting for a slot, and their prompt tokens.
     pub deferred: usize,
+    pub deferred_tokens: usize,
     pub totals: Totals,
     pub memory: MemoryUsage,
     /// The prompt cache in RAM.
@@ -263,6 +275,15 @@ impl Scheduler {
         if self.tx.send(Msg::Wake(done)).is_ok() {
             let _ = awake.await;
         }
+    }
+
+    /// Drops every slot's kept memory (prompt reuse starts over), as SGLang's `/flush_cache`
+    /// does: only while no request runs or waits, so no generation loses its memory.
+    pub async fn flush(&self) -> Result<Flushed, ApiError> {
+        let (reply, done) = oneshot::channel();
+        let gone = || ApiError::new(ErrorKind::Unavailable, "the engine thread has stopped");
+        self.tx.send(Msg::Flush(reply)).map_err(|_| gone())?;
+        done.await.map_err(|_| gone())
     }
 
     /// True while the engine thread runs.
@@ -485,7 +506,32 @@ impl Worker {
             Msg::Wake(done) => {
                 let _ = done.send(());
             }
+            Msg::Flush(reply) => {
+                let _ = reply.send(self.flush_kept());
+            }
         }
+    }
+
+    /// Forgets every slot's kept memory and the RAM cache, unless a request runs or waits.
+    fn flush_kept(&mut self) -> Flushed {
+        let busy = self.active.len() + self.queue.len();
+        if busy > 0 {
+            return Flushed::Busy(busy);
+        }
+        let (mut slots, mut tokens) = (0, 0);
+        if let Some(e) = self.engine.as_mut() {
+            for s in 0..self.last_used.len() {
+                let n = e.cached_tokens(s as SeqId).map_or(0, <[u32]>::len);
+                if n > 0 {
+                    slots += 1;
+                    tokens += n;
+                }
+            }
+            // Slots' kept memory and the prompt cache in RAM alike.
+            e.clear_prompt_cache();
+        }
+        tracing::info!(slots, tokens, "cache flushed");
+        Flushed::Done { slots, tokens }
     }
 
     /// Releases the engine: every sequence's memory and the kept prompts. `/metrics` and
@@ -826,6 +872,7 @@ impl Worker {
             };
         }
         sh.deferred = self.queue.len();
+        sh.deferred_tokens = self.queue.iter().map(|j| j.req.prompt.len()).sum();
         sh.totals = self.totals.clone();
         if let Some(e) = &self.engine {
             sh.memory = e.memory().usage();
