@@ -143,10 +143,11 @@ pub async fn health_generate(State(st): State<Arc<AppState>>) -> Response {
         .find(|s| !s.processing && s.n_tokens == 0)
         .map(|s| s.id);
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut req = SequenceRequest::greedy(prompt, 1);
+    req.cache_prompt = false;
     let job = Job {
-        req: SequenceRequest::greedy(prompt, 1),
+        req,
         id_slot: empty_slot,
-        cache_prompt: false,
         events: tx,
         settings,
         progress: false,
