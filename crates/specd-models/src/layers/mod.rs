@@ -2,6 +2,7 @@
 //! batch and the per-sequence row groups, and returns its output rows.
 
 pub mod attention;
+pub mod block;
 pub mod ffn;
 pub mod gdn;
 pub mod mtp;
