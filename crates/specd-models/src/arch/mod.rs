@@ -7,6 +7,7 @@
 pub mod llama;
 pub mod qwen3;
 pub mod qwen35;
+pub mod qwen35moe;
 
 use crate::config::{ModelConfig, SsmConfig};
 use crate::layers::mtp::Mtp;
@@ -22,6 +23,9 @@ use specd_ops::rope::{Rope, RopeMode};
 pub enum Arch {
     /// Qwen3.5 dense hybrid: Gated DeltaNet + gated attention.
     Qwen35,
+    /// Qwen3.5 mixture-of-experts hybrid (Qwen3.5-35B-A3B, 122B-A10B): qwen35's mixers, a routed
+    /// MoE FFN with a gated shared expert.
+    Qwen35Moe,
     /// Llama family transformer (Llama 2/3, Mistral-style): NORM rope, no QK norm.
     Llama,
     /// Qwen3 dense transformer: NEOX rope, QK norm.
@@ -51,6 +55,12 @@ pub const REGISTRY: &[ArchDef] = &[
         load: qwen35::load,
     },
     ArchDef {
+        arch: Arch::Qwen35Moe,
+        name: "qwen35moe",
+        rope_mode: qwen35::rope_mode,
+        load: qwen35moe::load,
+    },
+    ArchDef {
         arch: Arch::Llama,
         name: "llama",
         rope_mode: llama::rope_mode,
@@ -67,7 +77,6 @@ pub const REGISTRY: &[ArchDef] = &[
 /// Architectures llama.cpp runs that specd knows of but does not run yet: a clearer error than
 /// "unknown".
 const NOT_YET: &[&str] = &[
-    "qwen35moe",
     "qwen3next",
     "qwen3moe",
     "qwen2",

@@ -1,6 +1,6 @@
 //! `qwen35`: the Qwen3.5 dense hybrid — Gated DeltaNet layers and gated attention (3:1 by
-//! default), IMROPE, dense SwiGLU FFN, optional MTP head (qwen35.md). Its hybrid trunk is generic
-//! over the FFN, for the mixture-of-experts variant.
+//! default), IMROPE, dense SwiGLU FFN, optional MTP head (qwen35.md). Its hybrid trunk is shared
+//! with [`super::qwen35moe`], which swaps the FFN.
 
 use super::{Trunk, TrunkMemory};
 use crate::config::{per_layer, LayerKind, ModelConfig, SsmConfig};
@@ -16,7 +16,7 @@ use specd_gguf::GgufFile;
 use specd_memory::Memory;
 use specd_ops::rope::{Rope, RopeMode};
 
-/// The hybrid's mixer hyper-parameters (shared by the Qwen3.5 hybrids).
+/// The hybrid's mixer hyper-parameters (shared by qwen35 and qwen35moe).
 #[derive(Debug, Clone)]
 pub struct HybridConfig {
     pub ssm: SsmConfig,

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod block;
 pub mod ffn;
 pub mod gdn;
+pub mod moe;
 pub mod mtp;
 
 use specd_memory::SeqId;
