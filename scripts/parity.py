@@ -41,6 +41,8 @@ MODELS = [
     ("qwen35-small+mtp", ["--preset", "qwen35-small", "--type", "f32", "--mtp"]),
     ("llama-tiny", ["--preset", "llama-tiny", "--type", "f32"]),
     ("llama-small", ["--preset", "llama-small", "--type", "f32"]),
+    ("qwen35moe-tiny", ["--preset", "qwen35moe-tiny", "--type", "f32"]),
+    ("qwen35moe-small", ["--preset", "qwen35moe-small", "--type", "f32"]),
     ("qwen35-code-target (trained)", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                   "shared", "models", "qwen35-code-target-f32.gguf")),
 ]
@@ -48,7 +50,8 @@ MODELS = [
 # sections [11,11,10,0], vocab 248320) in F32 — 4 GB, ~30 s to write.
 BIG_MODELS = [("qwen35-0.8b", ["--preset", "qwen35-0.8b", "--type", "f32"])]
 # With --load-check: every test-model variant must load and generate in llama.cpp (llama-simple).
-LOAD_PRESETS = ["qwen35-tiny", "qwen35-small", "qwen35-0.8b", "llama-tiny", "llama-small"]
+LOAD_PRESETS = ["qwen35-tiny", "qwen35-small", "qwen35-0.8b", "llama-tiny", "llama-small", "qwen35moe-tiny",
+                "qwen35moe-small"]
 LOAD_TYPES = ["f32", "f16", "q8_0"]
 SERVER_FLAGS = ["-c", "2048", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-np", "1", "--no-warmup"]
 N_PROBS = 5
@@ -137,7 +140,7 @@ def load_check(bin_dir, specd, tmp):
             variants = [("varied", [])]
             if preset.endswith("tiny"):
                 variants.append(("repetitive (tied head)", ["--style", "repetitive"]))
-            if preset.startswith("qwen35"):
+            if preset.startswith("qwen35-"):
                 variants.append(("varied + MTP block", ["--mtp"]))
             for vname, extra in variants:
                 path = os.path.join(tmp, "load-check.gguf")
@@ -165,6 +168,7 @@ def main():
     ap.add_argument("--big", action="store_true", help="also compare on the 0.8B-shape model in F32 (4 GB)")
     ap.add_argument("--load-check", action="store_true",
                     help="also check that every test-model variant loads and runs in llama.cpp")
+    ap.add_argument("--only", default=None, help="compare only the models whose name contains this")
     a = ap.parse_args()
     if a.specd is None:
         a.specd = next((p for p in ["target/release/specd", "target/debug/specd"] if os.path.exists(p)), None)
@@ -207,6 +211,8 @@ def main():
              "|---|---|---|---|---|---|---|---|"]
     ok_all = True
     for name, src in MODELS + (BIG_MODELS if a.big else []):
+        if a.only and a.only not in name:
+            continue
         if isinstance(src, str):
             path = os.path.normpath(src)
             if not os.path.exists(path):

@@ -1,43 +1,12 @@
-//! Hyper-parameters of the supported architectures, read from GGUF metadata the way llama.cpp
-//! reads them (see shared/docs/qwen35.md §1).
+//! Hyper-parameters every architecture shares, read from GGUF metadata the way llama.cpp reads
+//! them (see shared/docs/qwen35.md §1). Each architecture reads its own on top of these (its
+//! module under [`crate::arch`]).
 
 use crate::ModelError;
 use specd_gguf::GgufFile;
 use specd_ops::rope::RopeMode;
 
-/// Supported architectures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// Qwen3.5 dense hybrid: Gated DeltaNet + gated attention.
-    Qwen35,
-    /// Llama family transformer (Llama 2/3, Mistral-style): NORM rope, no QK norm.
-    Llama,
-    /// Qwen3 dense transformer: NEOX rope, QK norm.
-    Qwen3,
-}
-
-impl Arch {
-    /// GGUF `general.architecture` name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Qwen35 => "qwen35",
-            Arch::Llama => "llama",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-    /// Parses `general.architecture`; known-but-unsupported architectures get their own error.
-    pub fn parse(s: &str) -> Result<Arch, ModelError> {
-        match s {
-            "qwen35" => Ok(Arch::Qwen35),
-            "llama" => Ok(Arch::Llama),
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen35moe" | "qwen3next" | "qwen3moe" | "qwen2" | "mistral3" | "gemma3" | "phi3" => {
-                Err(ModelError::UnsupportedArch(s.to_string()))
-            }
-            _ => Err(ModelError::UnknownArch(s.to_string())),
-        }
-    }
-}
+pub use crate::arch::Arch;
 
 /// Kind of a trunk layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +42,8 @@ impl SsmConfig {
     }
 }
 
-/// Everything the forward pass needs to know about the shapes.
+/// The hyper-parameters the model around the trunk needs (embedding, attention shapes, rotary
+/// table, output head); the trunk's own are in its architecture's config.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -83,7 +53,6 @@ pub struct ModelConfig {
     pub n_layer: usize,
     /// MTP (NextN) blocks after the trunk.
     pub n_nextn: usize,
-    pub n_ff: Vec<usize>,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -91,13 +60,11 @@ pub struct ModelConfig {
     pub rope_base: f32,
     pub rope_mode: RopeMode,
     pub eps: f32,
-    pub layer_kinds: Vec<LayerKind>,
-    pub ssm: Option<SsmConfig>,
     pub n_ctx_train: usize,
 }
 
 impl ModelConfig {
-    /// Reads and validates the hyper-parameters.
+    /// Reads and validates the shared hyper-parameters (the rotary mode is the architecture's).
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch_name = g.get_str("general.architecture")?;
         let arch = Arch::parse(arch_name)?;
@@ -111,11 +78,6 @@ impl ModelConfig {
             )));
         }
         let n_layer = block_count - n_nextn;
-        let n_ff: Vec<usize> = g
-            .get_u32_per_layer(&p("feed_forward_length"), block_count)?
-            .into_iter()
-            .map(|v| v as usize)
-            .collect();
         let n_head = first_of_per_layer(g, &p("attention.head_count"), block_count)?;
         let n_head_kv = match g.get(&p("attention.head_count_kv")) {
             Some(_) => first_of_per_layer(g, &p("attention.head_count_kv"), block_count)?,
@@ -177,82 +139,7 @@ impl ModelConfig {
                 .copied()
                 .unwrap_or(0) as usize,
         };
-        let (rope_mode, layer_kinds, ssm) = match arch {
-            Arch::Llama => (RopeMode::Norm, vec![LayerKind::Attention; n_layer], None),
-            Arch::Qwen3 => (RopeMode::Neox, vec![LayerKind::Attention; n_layer], None),
-            Arch::Qwen35 => {
-                let secs = g.get_array_i32(&p("rope.dimension_sections"))?;
-                if secs.len() != 4 || secs.iter().any(|&s| s < 0) {
-                    return Err(ModelError::Invalid(format!(
-                        "{}: expected 4 non-negative sections, got {secs:?}",
-                        p("rope.dimension_sections")
-                    )));
-                }
-                let sections = [
-                    secs[0] as u32,
-                    secs[1] as u32,
-                    secs[2] as u32,
-                    secs[3] as u32,
-                ];
-                let ssm = SsmConfig {
-                    conv_kernel: g.get_u32(&p("ssm.conv_kernel"))? as usize,
-                    d_state: g.get_u32(&p("ssm.state_size"))? as usize,
-                    n_group: g.get_u32(&p("ssm.group_count"))? as usize,
-                    n_v_heads: g.get_u32(&p("ssm.time_step_rank"))? as usize,
-                    inner: g.get_u32(&p("ssm.inner_size"))? as usize,
-                };
-                if ssm.conv_kernel < 2
-                    || ssm.n_group == 0
-                    || ssm.n_v_heads == 0
-                    || !ssm.n_v_heads.is_multiple_of(ssm.n_group)
-                    || !ssm.inner.is_multiple_of(ssm.n_v_heads)
-                    || ssm.d_v() != ssm.d_state
-                {
-                    return Err(ModelError::Invalid(format!(
-                        "inconsistent ssm dimensions {ssm:?}"
-                    )));
-                }
-                let kinds = match g.get(&p("attention.recurrent_layers")) {
-                    Some(_) => {
-                        let flags = g.get_array_bool(&p("attention.recurrent_layers"))?;
-                        if flags.len() < n_layer {
-                            return Err(ModelError::Invalid(format!(
-                                "{} has {} entries for {n_layer} layers",
-                                p("attention.recurrent_layers"),
-                                flags.len()
-                            )));
-                        }
-                        flags[..n_layer]
-                            .iter()
-                            .map(|&r| {
-                                if r {
-                                    LayerKind::Recurrent
-                                } else {
-                                    LayerKind::Attention
-                                }
-                            })
-                            .collect()
-                    }
-                    None => {
-                        let interval =
-                            g.get_opt_u32(&p("full_attention_interval"))?.unwrap_or(4) as usize;
-                        if interval == 0 {
-                            return Err(ModelError::Invalid("full_attention_interval is 0".into()));
-                        }
-                        (0..n_layer)
-                            .map(|i| {
-                                if (i + 1) % interval == 0 {
-                                    LayerKind::Attention
-                                } else {
-                                    LayerKind::Recurrent
-                                }
-                            })
-                            .collect()
-                    }
-                };
-                (RopeMode::IMrope { sections }, kinds, Some(ssm))
-            }
-        };
+        let rope_mode = (arch.def().rope_mode)(g, arch_name)?;
         if n_embd == 0 || n_layer == 0 || n_vocab == 0 || head_dim == 0 {
             return Err(ModelError::Invalid("zero-sized model dimension".into()));
         }
@@ -262,7 +149,6 @@ impl ModelConfig {
             n_embd,
             n_layer,
             n_nextn,
-            n_ff,
             n_head,
             n_head_kv,
             head_dim,
@@ -270,30 +156,23 @@ impl ModelConfig {
             rope_base,
             rope_mode,
             eps,
-            layer_kinds,
-            ssm,
             n_ctx_train,
         })
     }
 
-    /// Number of attention layers in the trunk.
-    pub fn n_attn_layers(&self) -> usize {
-        self.layer_kinds
-            .iter()
-            .filter(|k| **k == LayerKind::Attention)
-            .count()
+    /// The full key of this architecture's hyper-parameter `k` (`qwen35.ssm.state_size`).
+    pub fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch.name())
     }
-    /// Number of recurrent layers in the trunk.
-    pub fn n_rec_layers(&self) -> usize {
-        self.layer_kinds
-            .iter()
-            .filter(|k| **k == LayerKind::Recurrent)
-            .count()
+
+    /// Blocks in the file (trunk and MTP).
+    pub fn block_count(&self) -> usize {
+        self.n_layer + self.n_nextn
     }
 }
 
 /// A "scalar or per-layer array" key where specd needs one value for all layers.
-fn first_of_per_layer(g: &GgufFile, key: &str, n: usize) -> Result<usize, ModelError> {
+pub(crate) fn first_of_per_layer(g: &GgufFile, key: &str, n: usize) -> Result<usize, ModelError> {
     let v = g.get_u32_per_layer(key, n)?;
     let first = v.first().copied().unwrap_or(0);
     if v.iter().any(|&x| x != first && x != 0) {
@@ -302,4 +181,12 @@ fn first_of_per_layer(g: &GgufFile, key: &str, n: usize) -> Result<usize, ModelE
         )));
     }
     Ok(first as usize)
+}
+
+/// A "scalar or per-layer array" key, one value per block.
+pub(crate) fn per_layer(g: &GgufFile, key: &str, n: usize) -> Result<Vec<usize>, ModelError> {
+    Ok(g.get_u32_per_layer(key, n)?
+        .into_iter()
+        .map(|v| v as usize)
+        .collect())
 }

@@ -1,12 +1,16 @@
 //! Model architectures and the batched decode API.
 //!
-//! * [`config`]: hyper-parameters read from GGUF metadata (qwen35 hybrid, llama, qwen3).
+//! * [`config`]: the hyper-parameters every architecture shares, read from GGUF metadata.
+//! * [`arch`]: one module per architecture (qwen35, qwen35moe, llama, qwen3): its own
+//!   hyper-parameters and trunk; the registry of `general.architecture` names.
 //! * [`weights`]: tensors → kernel-ready weights (borrowed from the memory map when the type has
 //!   a native kernel, dequantised otherwise).
-//! * [`layers`]: one module per layer kind (gated attention, Gated DeltaNet, FFN, MTP head).
+//! * [`layers`]: one module per layer kind (gated attention, Gated DeltaNet, dense and MoE FFN,
+//!   MTP head) and the residual block they form.
 //! * [`model`]: [`Model::decode`] — llama.cpp's `llama_decode` in spirit: rows of
 //!   (token, position, sequence, wants-logits) from several sequences → logits for chosen rows.
 
+pub mod arch;
 pub mod batch;
 pub mod config;
 pub mod layers;

@@ -1,17 +1,14 @@
 //! [`Model`]: loading a GGUF file and the batched forward pass.
 
+use crate::arch::Trunk;
 use crate::batch::{Batch, DecodeOutput};
-use crate::config::{Arch, LayerKind, ModelConfig};
-use crate::layers::attention::Attention;
-use crate::layers::ffn::Ffn;
-use crate::layers::gdn::GatedDeltaNet;
+use crate::config::ModelConfig;
 use crate::layers::mtp::Mtp;
 use crate::layers::{gather, SeqRows};
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_gguf::GgufFile;
 use specd_memory::{Memory, MemoryConfig, MemoryLayout};
-use specd_ops::attention::AttnShape;
 use specd_ops::delta_net::GdnShape;
 use specd_ops::norm::rms_norm_rows;
 use specd_ops::rope::Rope;
@@ -39,27 +36,15 @@ impl Default for ModelOptions {
     }
 }
 
-enum Mixer {
-    Attention { w: Attention, kv_layer: usize },
-    Recurrent { w: GatedDeltaNet, rec_layer: usize },
-}
-
-struct Block {
-    attn_norm: Vec<f32>,
-    mixer: Mixer,
-    ffn_norm: Vec<f32>,
-    ffn: Ffn,
-}
-
 /// A loaded model, ready to decode batches against a [`Memory`].
 pub struct Model {
     cfg: ModelConfig,
     tok_embd: Weight,
     output: Weight,
     output_norm: Vec<f32>,
-    blocks: Vec<Block>,
+    /// The architecture's blocks (and MTP head).
+    trunk: Box<dyn Trunk>,
     rope: Rope,
-    mtp: Option<Mtp>,
     tokenizer: Tokenizer,
     /// Compute threads; shared with another model by [`Model::share_threads`].
     pool: Arc<rayon::ThreadPool>,
@@ -100,69 +85,7 @@ impl Model {
             None => tok_embd.clone(),
         };
         let output_norm = l.vector("output_norm.weight", h)?;
-        let shape = AttnShape {
-            n_head: cfg.n_head,
-            n_kv: cfg.n_head_kv,
-            d_head: cfg.head_dim,
-        };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        let (mut n_attn, mut n_rec) = (0, 0);
-        for i in 0..cfg.n_layer {
-            let mixer = match cfg.layer_kinds[i] {
-                LayerKind::Attention => {
-                    let gated = cfg.arch == Arch::Qwen35;
-                    let qk_norm = cfg.arch != Arch::Llama;
-                    let w = Attention::load(&l, i, h, shape, gated, qk_norm, cfg.eps)?;
-                    n_attn += 1;
-                    Mixer::Attention {
-                        w,
-                        kv_layer: n_attn - 1,
-                    }
-                }
-                LayerKind::Recurrent => {
-                    let ssm = cfg.ssm.as_ref().ok_or_else(|| {
-                        ModelError::Invalid("recurrent layer without ssm config".into())
-                    })?;
-                    let w = GatedDeltaNet::load(&l, i, h, ssm, cfg.eps)?;
-                    n_rec += 1;
-                    Mixer::Recurrent {
-                        w,
-                        rec_layer: n_rec - 1,
-                    }
-                }
-            };
-            let ffn_norm_name = if cfg.arch == Arch::Qwen35 {
-                "post_attention_norm"
-            } else {
-                "ffn_norm"
-            };
-            blocks.push(Block {
-                attn_norm: l.vector(&format!("blk.{i}.attn_norm.weight"), h)?,
-                mixer,
-                ffn_norm: l.vector(&format!("blk.{i}.{ffn_norm_name}.weight"), h)?,
-                ffn: Ffn::load(&l, i, h, cfg.n_ff[i])?,
-            });
-        }
-        let mtp = if cfg.arch == Arch::Qwen35 && cfg.n_nextn > 0 {
-            if cfg.n_nextn != 1 {
-                return Err(ModelError::Invalid(format!(
-                    "{} MTP blocks (only 1 is supported)",
-                    cfg.n_nextn
-                )));
-            }
-            let i = cfg.n_layer;
-            Some(Mtp::load(
-                &l,
-                i,
-                h,
-                cfg.n_vocab,
-                cfg.n_ff[i],
-                shape,
-                cfg.eps,
-            )?)
-        } else {
-            None
-        };
+        let trunk = (cfg.arch.def().load)(&l, &cfg)?;
         let rope = Rope::new(cfg.n_rot, cfg.rope_base, cfg.rope_mode.clone());
         let n_threads = if opts.n_threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -186,9 +109,8 @@ impl Model {
             tok_embd,
             output,
             output_norm,
-            blocks,
+            trunk,
             rope,
-            mtp,
             tokenizer,
             pool,
             opts,
@@ -247,15 +169,16 @@ impl Model {
     }
     /// True if the file carries an MTP head.
     pub fn has_mtp(&self) -> bool {
-        self.mtp.is_some()
+        self.trunk.mtp().is_some()
     }
     /// Shapes of the per-sequence memory this model needs.
     pub fn memory_layout(&self) -> MemoryLayout {
-        let ssm = self.cfg.ssm;
+        let tm = self.trunk.memory();
+        let ssm = tm.ssm;
         MemoryLayout {
-            attn_layers: self.cfg.n_attn_layers(),
+            attn_layers: tm.attn_layers,
             kv_row: self.cfg.n_head_kv * self.cfg.head_dim,
-            rec_layers: self.cfg.n_rec_layers(),
+            rec_layers: tm.rec_layers,
             conv_kernel: ssm.map_or(2, |s| s.conv_kernel),
             conv_channels: ssm.map_or(0, |s| s.conv_dim()),
             gdn: ssm.map_or(
@@ -384,7 +307,7 @@ impl Model {
             }
             begun.push(g.seq);
         }
-        let result = self.trunk(mem, rows, &groups);
+        let result = self.run_trunk(mem, rows, &groups);
         let x = match result {
             Ok(x) => x,
             Err(e) => {
@@ -424,33 +347,15 @@ impl Model {
     }
 
     /// Embeddings → all blocks. Returns the residual stream `n × n_embd`.
-    fn trunk(
+    fn run_trunk(
         &self,
         mem: &mut Memory,
         rows: &[crate::BatchRow],
         groups: &[SeqRows],
     ) -> Result<Vec<f32>, ModelError> {
-        let n = rows.len();
-        let h = self.cfg.n_embd;
         let mut x = self.embed(rows.iter().map(|r| r.token));
-        let mut a = vec![0f32; n * h];
-        for b in &self.blocks {
-            rms_norm_rows(&x, &b.attn_norm, self.cfg.eps, &mut a);
-            let m = match &b.mixer {
-                Mixer::Attention { w, kv_layer } => {
-                    w.forward(&a, n, groups, &self.rope, mem, *kv_layer)?
-                }
-                Mixer::Recurrent { w, rec_layer } => w.forward(&a, n, groups, mem, *rec_layer)?,
-            };
-            for (xv, mv) in x.iter_mut().zip(&m) {
-                *xv += mv;
-            }
-            rms_norm_rows(&x, &b.ffn_norm, self.cfg.eps, &mut a);
-            let f = b.ffn.forward(&a, n)?;
-            for (xv, fv) in x.iter_mut().zip(&f) {
-                *xv += fv;
-            }
-        }
+        self.trunk
+            .forward(&mut x, rows.len(), groups, &self.rope, mem)?;
         Ok(x)
     }
 
@@ -468,7 +373,7 @@ impl Model {
 
     /// A memory for the MTP head: one attention layer with the trunk's KV shape.
     pub fn new_mtp_memory(&self, cfg: MemoryConfig) -> Result<Memory, ModelError> {
-        if self.mtp.is_none() {
+        if self.trunk.mtp().is_none() {
             return Err(ModelError::Invalid(
                 "the model has no MTP (NextN) head".into(),
             ));
@@ -496,8 +401,8 @@ impl Model {
         h_prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let mtp = self
-            .mtp
-            .as_ref()
+            .trunk
+            .mtp()
             .ok_or_else(|| ModelError::Invalid("the model has no MTP (NextN) head".into()))?;
         let (n, h) = (tokens.len(), self.cfg.n_embd);
         if n == 0 || h_prev.len() != n * h {
@@ -568,7 +473,7 @@ impl Model {
 
     /// The MTP head, if the file has one.
     pub fn mtp(&self) -> Option<&Mtp> {
-        self.mtp.as_ref()
+        self.trunk.mtp()
     }
     /// The model's output norm and LM head (shared with the MTP head).
     pub fn output_head(&self) -> (&[f32], &Weight) {

@@ -116,44 +116,107 @@ impl<'a> Loader<'a> {
     /// Matrix `name` with GGUF `ne = [cols, rows]` (math shape `[rows, cols]`).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
         let view = self.g.expect_tensor(name, &[cols as u64, rows as u64])?;
+        let mut w = self.matrices(&view, name, 1, rows, cols)?;
+        w.pop()
+            .ok_or_else(|| ModelError::Invalid(format!("tensor {name}: no matrix")))
+    }
+
+    /// The `n` matrices of a 3-D tensor with GGUF `ne = [cols, rows, n]` (a mixture of experts'
+    /// stacked experts): matrix `e` is expert `e`.
+    pub fn stacked(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Weight>, ModelError> {
+        let view = self
+            .g
+            .expect_tensor(name, &[cols as u64, rows as u64, n as u64])?;
+        self.matrices(&view, name, n, rows, cols)
+    }
+
+    /// [`Loader::stacked`] for a tensor whose matrices are `parts` matrices of `rows` rows each,
+    /// one above the other (ne `[cols, parts · rows, n]`: a merged gate and up projection):
+    /// matrix `e · parts + p` is part `p` of matrix `e`.
+    pub fn stacked_parts(
+        &self,
+        name: &str,
+        n: usize,
+        parts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Weight>, ModelError> {
+        let ne = [cols as u64, (parts * rows) as u64, n as u64];
+        let view = self.g.expect_tensor(name, &ne)?;
+        self.matrices(&view, name, n * parts, rows, cols)
+    }
+
+    /// The `n` consecutive `rows × cols` matrices of tensor `view` (rows are stored one after
+    /// the other, so a stack of matrices is a taller matrix cut at every `rows` rows).
+    fn matrices(
+        &self,
+        view: &specd_gguf::TensorView<'_>,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Weight>, ModelError> {
         let tt = view.info().ttype;
-        let w = match native(tt) {
+        let mut out = Vec::with_capacity(n);
+        match native(tt) {
             Some(wt) => {
                 let bytes = view.bytes_arc();
-                let len = bytes.len();
-                let w = Weight::new(wt, rows, cols, Arc::new(TensorBytes(bytes)), 0, len)
-                    .map_err(|e| ModelError::Invalid(format!("tensor {name}: {e}")))?;
-                // Repacked where the kernel level reads an interleaved layout (one copy, at
-                // most 2.8 % larger); the file's pages of a repacked tensor are then let go.
-                let packed = specd_ops::pack::for_current_isa(&w)?;
-                if packed.wtype != w.wtype {
-                    drop(w);
+                let per = wt.matrix_bytes(rows, cols);
+                let src: Arc<dyn ByteSource> = Arc::new(TensorBytes(bytes));
+                let mut repacked = true;
+                for e in 0..n {
+                    let w = Weight::new(wt, rows, cols, src.clone(), e * per, per)
+                        .map_err(|e| ModelError::Invalid(format!("tensor {name}: {e}")))?;
+                    // Repacked where the kernel level reads an interleaved layout (one copy, at
+                    // most 2.8 % larger); the file's pages of a repacked tensor are then let go.
+                    let packed = specd_ops::pack::for_current_isa(&w)?;
+                    repacked &= packed.wtype != w.wtype;
+                    out.push(packed);
+                }
+                if repacked {
+                    drop(src);
                     view.release_pages();
                 }
-                packed
             }
             None => {
                 let to = conversion_target(tt, cols);
+                let wt = native(to).ok_or_else(|| {
+                    ModelError::Invalid(format!("conversion target {to} has no kernel"))
+                })?;
+                // Blocks never straddle rows, so the converted tensor splits into its matrices.
                 let bytes = match exact_q8_0(tt, view.bytes()) {
                     Some(b) => b?,
                     None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,
                 };
-                let wt = native(to).ok_or_else(|| {
-                    ModelError::Invalid(format!("conversion target {to} has no kernel"))
-                })?;
-                let w = Weight::from_bytes(wt, rows, cols, bytes)?;
+                let per = wt.matrix_bytes(rows, cols);
+                if bytes.len() != n * per {
+                    return Err(ModelError::Invalid(format!(
+                        "tensor {name}: converted to {} bytes, expected {}",
+                        bytes.len(),
+                        n * per
+                    )));
+                }
+                let size = bytes.len();
+                for chunk in bytes.chunks_exact(per) {
+                    let w = Weight::from_bytes(wt, rows, cols, chunk.to_vec())?;
+                    out.push(specd_ops::pack::for_current_isa(&w)?);
+                }
                 tracing::warn!(
                     "tensor {name}: {tt} has no native kernel, converted to {to} at load \
-                     ({} -> {} bytes)",
+                     ({} -> {size} bytes)",
                     view.info().n_bytes(),
-                    w.size_bytes()
                 );
                 view.release_pages();
-                specd_ops::pack::for_current_isa(&w)?
             }
-        };
-        self.count(w.size_bytes());
-        Ok(w)
+        }
+        self.count(out.iter().map(|w| w.size_bytes()).sum());
+        Ok(out)
     }
 
     /// Optional matrix.

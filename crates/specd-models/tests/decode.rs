@@ -12,6 +12,9 @@ struct Fixture {
     qwen: Arc<Model>,
     qwen_q8: Arc<Model>,
     llama: Arc<Model>,
+    /// qwen35moe: rows of a batch route to different experts.
+    moe: Arc<Model>,
+    moe_q8: Arc<Model>,
 }
 
 fn fx() -> &'static Fixture {
@@ -45,6 +48,12 @@ fn fx() -> &'static Fixture {
                 Some(specd_gguf::TensorType::Q8_0),
             ),
             llama: mk("l.gguf", Preset::LlamaTiny, None),
+            moe: mk("m.gguf", Preset::Qwen35MoeTiny, None),
+            moe_q8: mk(
+                "m8.gguf",
+                Preset::Qwen35MoeTiny,
+                Some(specd_gguf::TensorType::Q8_0),
+            ),
             _dir: dir,
         }
     })
@@ -74,9 +83,9 @@ fn one_by_one(m: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn models() -> [&'static Arc<Model>; 3] {
+fn models() -> [&'static Arc<Model>; 5] {
     let f = fx();
-    [&f.qwen, &f.qwen_q8, &f.llama]
+    [&f.qwen, &f.qwen_q8, &f.llama, &f.moe, &f.moe_q8]
 }
 
 proptest! {
@@ -87,7 +96,7 @@ proptest! {
     #[test]
     fn batch_invariance(tokens in proptest::collection::vec(0u32..1000, 2..20),
                         other in proptest::collection::vec(0u32..1000, 1..10),
-                        mi in 0usize..3) {
+                        mi in 0usize..5) {
         let m = models()[mi];
         let reference = one_by_one(m, &tokens);
         // All tokens in one batch, interleaved with another sequence's rows.
@@ -117,7 +126,7 @@ proptest! {
     #[test]
     fn rollback_equals_never_decoded(prefix in proptest::collection::vec(0u32..1000, 1..12),
                                      draft in proptest::collection::vec(0u32..1000, 1..8),
-                                     reject in 1usize..8, mode in 0usize..3, mi in 0usize..3) {
+                                     reject in 1usize..8, mode in 0usize..3, mi in 0usize..5) {
         let m = models()[mi];
         let reject = reject.min(draft.len());
         let keep = draft.len() - reject;

@@ -20,6 +20,8 @@ struct Models {
     llama: Arc<Model>,
     /// Quantised in a K-quant mix: every native quantised kernel.
     kquant: Arc<Model>,
+    /// qwen35moe: the rows of a verification batch route to different experts.
+    moe: Arc<Model>,
     draft: Arc<Model>,
 }
 
@@ -55,6 +57,14 @@ fn models() -> &'static Models {
                 false,
             ),
             kquant: kquant_test_model(d, "k.gguf", 5),
+            moe: test_model(
+                d,
+                "m.gguf",
+                Preset::Qwen35MoeTiny,
+                WeightStyle::Varied,
+                6,
+                false,
+            ),
             draft: test_model(
                 d,
                 "d.gguf",
@@ -208,7 +218,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..4,
+        model_kind in 0usize..5,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -223,9 +233,15 @@ proptest! {
         ),
     ) {
         let m = models();
-        let model = match model_kind { 0 => &m.hybrid, 1 => &m.repetitive, 2 => &m.llama, _ => &m.kquant };
-        // Only Qwen3.5 files have an MTP head.
-        let model = if DRAFTERS[drafter] == "draft-mtp" && model_kind == 2 { &m.hybrid } else { model };
+        let model = match model_kind {
+            0 => &m.hybrid,
+            1 => &m.repetitive,
+            2 => &m.llama,
+            3 => &m.kquant,
+            _ => &m.moe,
+        };
+        // Only the dense Qwen3.5 files have an MTP head.
+        let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };
         let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;
         let base: Vec<SequenceRequest> = prompts

@@ -70,6 +70,12 @@ pub struct TestModelSpec {
     pub ssm_n_group: usize,
     pub ssm_n_v_heads: usize,
     pub full_attention_interval: usize,
+    /// Mixture of experts (qwen35moe): experts per layer, experts per token, a routed expert's
+    /// FFN width and the shared expert's (unused by the other architectures).
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
+    pub n_ff_shexp: usize,
     /// Append one MTP (NextN) block.
     pub mtp: bool,
     /// Qwen2.5/3-Coder's fill-in-the-middle tokens in the vocabulary (after the trained ones),
@@ -101,7 +107,7 @@ impl TestModelSpec {
     }
     /// Is trunk layer `i` recurrent?
     pub fn is_recurrent(&self, i: usize) -> bool {
-        self.arch == TestArch::Qwen35 && !(i + 1).is_multiple_of(self.full_attention_interval)
+        self.arch.is_hybrid() && !(i + 1).is_multiple_of(self.full_attention_interval)
     }
 }
 

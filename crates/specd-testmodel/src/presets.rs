@@ -7,7 +7,24 @@ use specd_gguf::TensorType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestArch {
     Qwen35,
+    /// qwen35 with a mixture-of-experts FFN in every block.
+    Qwen35Moe,
     Llama,
+}
+
+impl TestArch {
+    /// GGUF `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TestArch::Qwen35 => "qwen35",
+            TestArch::Qwen35Moe => "qwen35moe",
+            TestArch::Llama => "llama",
+        }
+    }
+    /// Gated DeltaNet + gated attention (the Qwen3.5 hybrids).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, TestArch::Qwen35 | TestArch::Qwen35Moe)
+    }
 }
 
 /// Named shapes.
@@ -23,6 +40,12 @@ pub enum Preset {
     /// 256, DeltaNet 32 value / 16 key heads of 128, vocab 248320 — benchmarks only (write it in
     /// a quantised type: ~18 GB as F16).
     Qwen35_9B,
+    /// qwen35moe, 4 layers, hidden 64, 8 experts of width 32 (2 per token) + a shared expert
+    /// of 64 — fast tests.
+    Qwen35MoeTiny,
+    /// qwen35moe, 8 layers, hidden 256, 16 experts of width 128 (4 per token) + a shared
+    /// expert of 256.
+    Qwen35MoeSmall,
     /// llama, 2 layers, hidden 64.
     LlamaTiny,
     /// llama, 4 layers, hidden 256.
@@ -31,24 +54,28 @@ pub enum Preset {
 
 impl Preset {
     /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `qwen35-9b`,
-    /// `llama-tiny`, `llama-small`).
+    /// `qwen35moe-tiny`, `qwen35moe-small`, `llama-tiny`, `llama-small`).
     pub fn parse(s: &str) -> Option<Preset> {
         Some(match s {
             "qwen35-tiny" => Preset::Qwen35Tiny,
             "qwen35-small" => Preset::Qwen35Small,
             "qwen35-0.8b" | "qwen35-0.8B" => Preset::Qwen35_0_8B,
             "qwen35-9b" | "qwen35-9B" => Preset::Qwen35_9B,
+            "qwen35moe-tiny" => Preset::Qwen35MoeTiny,
+            "qwen35moe-small" => Preset::Qwen35MoeSmall,
             "llama-tiny" => Preset::LlamaTiny,
             "llama-small" => Preset::LlamaSmall,
             _ => return None,
         })
     }
     /// All preset names.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 8] = [
         "qwen35-tiny",
         "qwen35-small",
         "qwen35-0.8b",
         "qwen35-9b",
+        "qwen35moe-tiny",
+        "qwen35moe-small",
         "llama-tiny",
         "llama-small",
     ];
@@ -77,6 +104,10 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
         ssm_n_group: 2,
         ssm_n_v_heads: 4,
         full_attention_interval: 4,
+        n_expert: 0,
+        n_expert_used: 0,
+        n_ff_exp: 0,
+        n_ff_shexp: 0,
         mtp: false,
         fim: true,
         wtype: TensorType::F32,
@@ -146,6 +177,37 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
             ssm_n_group: 16,
             ssm_n_v_heads: 32,
             mix: Some(Mix::Q4_K_M),
+            ..base
+        },
+        Preset::Qwen35MoeTiny => TestModelSpec {
+            arch: TestArch::Qwen35Moe,
+            name: "qwen35moe-tiny".into(),
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 32,
+            n_ff_shexp: 64,
+            ..base
+        },
+        Preset::Qwen35MoeSmall => TestModelSpec {
+            arch: TestArch::Qwen35Moe,
+            name: "qwen35moe-small".into(),
+            n_vocab: 4102,
+            n_vocab_trained: 4093,
+            n_embd: 256,
+            n_layer: 8,
+            n_ff: 768,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 16,
+            rope_sections: [3, 3, 2, 0],
+            ssm_d_state: 32,
+            ssm_n_group: 4,
+            ssm_n_v_heads: 8,
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 128,
+            n_ff_shexp: 256,
             ..base
         },
         Preset::LlamaTiny => TestModelSpec {

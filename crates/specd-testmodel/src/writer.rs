@@ -126,6 +126,33 @@ impl Builder<'_> {
         self.matrix(&format!("blk.{i}.ssm_out.weight"), h, inner, 1.0)
     }
 
+    /// `n` stacked `[out, in]` matrices (GGUF ne `[in, out, n]`), std 1/√in.
+    fn stacked(&mut self, name: &str, n: usize, rows: usize, cols: usize) {
+        let std = 1.0 / (cols as f32).sqrt();
+        self.push(name, &[cols, rows, n], Gen::Normal { mean: 0.0, std });
+    }
+
+    /// The MoE FFN of qwen35moe: router, stacked experts, gated shared expert.
+    fn moe(&mut self, i: usize) {
+        let s = self.spec;
+        let (h, ne, ff, sh) = (s.n_embd, s.n_expert, s.n_ff_exp, s.n_ff_shexp);
+        self.matrix(&format!("blk.{i}.ffn_gate_inp.weight"), ne, h, 1.0);
+        self.stacked(&format!("blk.{i}.ffn_gate_exps.weight"), ne, ff, h);
+        self.stacked(&format!("blk.{i}.ffn_up_exps.weight"), ne, ff, h);
+        self.stacked(&format!("blk.{i}.ffn_down_exps.weight"), ne, h, ff);
+        self.push(
+            &format!("blk.{i}.ffn_gate_inp_shexp.weight"),
+            &[h],
+            Gen::Normal {
+                mean: 0.0,
+                std: 1.0 / (h as f32).sqrt(),
+            },
+        );
+        self.matrix(&format!("blk.{i}.ffn_gate_shexp.weight"), sh, h, 1.0);
+        self.matrix(&format!("blk.{i}.ffn_up_shexp.weight"), sh, h, 1.0);
+        self.matrix(&format!("blk.{i}.ffn_down_shexp.weight"), h, sh, 1.0)
+    }
+
     fn ffn(&mut self, i: usize) {
         let s = self.spec;
         self.matrix(&format!("blk.{i}.ffn_gate.weight"), s.n_ff, s.n_embd, 1.0);
@@ -156,7 +183,7 @@ impl Builder<'_> {
         for i in 0..spec.n_layer {
             self.norm(&format!("blk.{i}.attn_norm.weight"), h);
             match spec.arch {
-                TestArch::Qwen35 => {
+                TestArch::Qwen35 | TestArch::Qwen35Moe => {
                     if spec.is_recurrent(i) {
                         self.gdn(i);
                     } else {
@@ -169,7 +196,11 @@ impl Builder<'_> {
                     self.norm(&format!("blk.{i}.ffn_norm.weight"), h);
                 }
             }
-            self.ffn(i);
+            if spec.arch == TestArch::Qwen35Moe {
+                self.moe(i);
+            } else {
+                self.ffn(i);
+            }
         }
         if spec.mtp {
             let i = spec.n_layer;
@@ -286,12 +317,9 @@ fn plan_types(spec: &TestModelSpec, defs: &[TensorDef]) -> Result<Vec<TensorType
 /// Generates the model described by `spec` and writes it to `path`.
 pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelError> {
     validate(spec)?;
-    let arch = match spec.arch {
-        TestArch::Qwen35 => "qwen35",
-        TestArch::Llama => "llama",
-    };
+    let arch = spec.arch.name();
     let pre = match spec.arch {
-        TestArch::Qwen35 => "qwen35",
+        TestArch::Qwen35 | TestArch::Qwen35Moe => "qwen35",
         TestArch::Llama => "llama-bpe",
     };
     let mut vocab = train_bpe(
@@ -350,7 +378,16 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
     w.add_u32(&k("rope.dimension_count"), spec.n_rot as u32);
     w.add_f32(&k("rope.freq_base"), spec.rope_base);
     w.add_u32(&k("vocab_size"), spec.n_vocab as u32);
-    if spec.arch == TestArch::Qwen35 {
+    if spec.arch == TestArch::Qwen35Moe {
+        w.add_u32(&k("expert_count"), spec.n_expert as u32);
+        w.add_u32(&k("expert_used_count"), spec.n_expert_used as u32);
+        w.add_u32(&k("expert_feed_forward_length"), spec.n_ff_exp as u32);
+        w.add_u32(
+            &k("expert_shared_feed_forward_length"),
+            spec.n_ff_shexp as u32,
+        );
+    }
+    if spec.arch.is_hybrid() {
         w.add_array_i32(&k("rope.dimension_sections"), &spec.rope_sections);
         w.add_u32(&k("ssm.conv_kernel"), spec.ssm_conv_kernel as u32);
         w.add_u32(&k("ssm.state_size"), spec.ssm_d_state as u32);
@@ -371,7 +408,7 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
     w.add_array_i32("tokenizer.ggml.token_type", &vocab.token_types);
     w.add_array_str("tokenizer.ggml.merges", &vocab.merges);
     match spec.arch {
-        TestArch::Qwen35 => {
+        TestArch::Qwen35 | TestArch::Qwen35Moe => {
             if let Some(id) = im_end {
                 w.add_u32("tokenizer.ggml.eos_token_id", id);
             }
@@ -439,12 +476,24 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
             s.wtype
         ));
     }
-    if s.arch == TestArch::Qwen35 && !s.ssm_n_v_heads.is_multiple_of(s.ssm_n_group) {
+    if s.arch.is_hybrid() && !s.ssm_n_v_heads.is_multiple_of(s.ssm_n_group) {
         return bad("ssm value heads must be a multiple of key heads".into());
     }
     // Row lengths that fit no block of the chosen types are reported by the type plan.
-    if s.arch == TestArch::Llama && s.mtp {
+    if s.arch != TestArch::Qwen35 && s.mtp {
         return bad("MTP blocks exist only for qwen35".into());
+    }
+    if s.arch == TestArch::Qwen35Moe
+        && (s.n_expert == 0
+            || s.n_expert_used == 0
+            || s.n_expert_used > s.n_expert
+            || s.n_ff_exp == 0
+            || s.n_ff_shexp == 0)
+    {
+        return bad(format!(
+            "experts: {} used of {}, widths {} / {}",
+            s.n_expert_used, s.n_expert, s.n_ff_exp, s.n_ff_shexp
+        ));
     }
     Ok(())
 }

@@ -15,10 +15,21 @@ pub struct Ffn {
 impl Ffn {
     /// Loads `blk.{i}.ffn_{gate,up,down}.weight`.
     pub fn load(l: &Loader, i: usize, n_embd: usize, n_ff: usize) -> Result<Self, ModelError> {
+        Self::load_named(l, i, "", n_embd, n_ff)
+    }
+
+    /// Loads `blk.{i}.ffn_{gate,up,down}{suffix}.weight` (`_shexp`: a MoE's shared expert).
+    pub fn load_named(
+        l: &Loader,
+        i: usize,
+        suffix: &str,
+        n_embd: usize,
+        n_ff: usize,
+    ) -> Result<Self, ModelError> {
         Ok(Ffn {
-            gate: l.matrix(&format!("blk.{i}.ffn_gate.weight"), n_ff, n_embd)?,
-            up: l.matrix(&format!("blk.{i}.ffn_up.weight"), n_ff, n_embd)?,
-            down: l.matrix(&format!("blk.{i}.ffn_down.weight"), n_embd, n_ff)?,
+            gate: l.matrix(&format!("blk.{i}.ffn_gate{suffix}.weight"), n_ff, n_embd)?,
+            up: l.matrix(&format!("blk.{i}.ffn_up{suffix}.weight"), n_ff, n_embd)?,
+            down: l.matrix(&format!("blk.{i}.ffn_down{suffix}.weight"), n_embd, n_ff)?,
         })
     }
 
@@ -31,5 +42,11 @@ impl Ffn {
         let mut out = vec![0f32; n * self.down.rows];
         matmul(&g, n, &self.down, &mut out)?;
         Ok(out)
+    }
+}
+
+impl super::block::FeedForward for Ffn {
+    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        Ffn::forward(self, x, n)
     }
 }

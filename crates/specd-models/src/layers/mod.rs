@@ -2,8 +2,10 @@
 //! batch and the per-sequence row groups, and returns its output rows.
 
 pub mod attention;
+pub mod block;
 pub mod ffn;
 pub mod gdn;
+pub mod moe;
 pub mod mtp;
 
 use specd_memory::SeqId;
