@@ -379,10 +379,10 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4, help="slots per worker (-np)")
     ap.add_argument("--conversations", type=int, default=4)
-    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--load-secs", type=float, default=6.0)
-    ap.add_argument("--stagger", type=float, default=0.0,
-                    help="seconds between the conversations' starts (default: all at once)")
+    ap.add_argument("--stagger", type=float, default=0.01,
+                    help="seconds between the conversations' starts: their turns interleave on a worker, which the slot choice must survive (0: all at once)")
     ap.add_argument("--keep-logs", action="store_true")
     args = ap.parse_args()
     if args.workers < 2:
