@@ -81,9 +81,9 @@ fn admit(size: usize) -> bool {
     // Formatted into a stack buffer: no allocation inside the allocator.
     let mut buf = [0u8; 160];
     let mut w = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(
+    let _ = writeln!(
         w,
-        "mutation {}: refused an allocation of {size} bytes ({live} live)\n",
+        "mutation {}: refused an allocation of {size} bytes ({live} live)",
         CASE.load(Ordering::Relaxed) as isize
     );
     let n = w.position() as usize;
@@ -150,7 +150,7 @@ fn walk(b: &[u8]) -> Layout2 {
     let n_tensors = u64_at(8);
     let n_kv = u64_at(16);
     let mut p = 24;
-    let mut string = |p: &mut usize, fields: &mut Vec<(usize, Field)>| {
+    let string = |p: &mut usize, fields: &mut Vec<(usize, Field)>| {
         fields.push((*p, Field::StringLen));
         *p += 8 + u64_at(*p) as usize;
     };
