@@ -114,6 +114,29 @@ pub struct BenchArgs {
     /// With --server: seconds before an unanswered request counts as failed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// With --server: soak test for this many seconds instead of one pass over the workloads:
+    /// --concurrency clients send back to back, cycling over the --soak-mix cases; prints
+    /// errors, latency percentiles and the server's memory over time. Loopback servers only.
+    #[arg(long, value_name = "SECS")]
+    pub soak: Option<u64>,
+    /// Soak: the most requests sent in all (the run stops at whichever bound comes first).
+    #[arg(long = "soak-requests", default_value_t = 100_000)]
+    pub soak_requests: usize,
+    /// Soak: what the clients send, comma list: `workloads` (each single-turn prompt and the
+    /// multi-turn conversation), `max-body` (--max-body-bytes bodies to /v1/chat/completions,
+    /// /completion and /tokenize in turn).
+    #[arg(long = "soak-mix", default_value = "workloads")]
+    pub soak_mix: String,
+    /// Soak: size of the maximum-size body (default: 64 KiB under specd's 16 MiB body limit).
+    #[arg(long = "max-body-bytes", default_value_t = server_load::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Soak: process id of the server whose memory is sampled (default: the process listening
+    /// on the --server port, found through /proc).
+    #[arg(long = "server-pid")]
+    pub server_pid: Option<u32>,
+    /// Soak: seconds between samples of the server's memory.
+    #[arg(long = "rss-every", default_value_t = 10)]
+    pub rss_every: u64,
 }
 
 /// Writes the JSON report where `--json` says: `-` (the flag without a path) is stdout, and

@@ -138,9 +138,11 @@ impl SamplingArgs {
 #[derive(Args, Clone)]
 pub struct SpecArgs {
     /// Drafters, comma separated: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod,
-    /// ngram-cache, draft-simple, draft-mtp, synthetic. Empty: no speculation.
-    #[arg(long = "spec-type", default_value = "")]
-    pub spec_type: String,
+    /// ngram-cache, draft-simple, draft-mtp, synthetic; `none` (or empty): no speculation.
+    /// Default: ngram-mod, then draft-mtp when the model has an MTP head and draft-simple when
+    /// --model-draft gives a draft model (the controller keeps each from slowing decoding).
+    #[arg(long = "spec-type")]
+    pub spec_type: Option<String>,
     #[arg(long = "spec-draft-n-max", alias = "draft-max", default_value_t = 16)]
     pub n_max: usize,
     #[arg(long = "spec-draft-n-min", alias = "draft-min", default_value_t = 0)]
@@ -182,12 +184,37 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    pub fn params(&self) -> Result<SpecParams> {
-        let mut drafters = DrafterKind::parse_list(&self.spec_type).map_err(anyhow::Error::msg)?;
+    /// The drafters `--spec-type` names. Without the flag: specd's default, speculation on
+    /// (`ngram-mod`, then `draft-mtp` when `has_mtp`, then `draft-simple` with a draft model);
+    /// `none` anywhere in the list turns speculation off, as in llama-server.
+    pub fn drafters(&self, has_mtp: bool) -> Result<Vec<DrafterKind>> {
         let synth = self.synth_rates.is_some() || self.synth_len.is_some();
+        let mut drafters = match self.spec_type.as_deref() {
+            Some(list) if list.split(',').any(|t| t.trim() == "none") => Vec::new(),
+            Some(list) => DrafterKind::parse_list(list).map_err(anyhow::Error::msg)?,
+            // The synthetic flags name their drafter (below); nothing else is added to it.
+            None if synth => Vec::new(),
+            None => {
+                let mut d = vec![DrafterKind::NgramMod];
+                if has_mtp {
+                    d.push(DrafterKind::DraftMtp);
+                }
+                if self.model_draft.is_some() {
+                    d.push(DrafterKind::DraftSimple);
+                }
+                d
+            }
+        };
         if synth && !drafters.contains(&DrafterKind::Synthetic) {
             drafters.insert(0, DrafterKind::Synthetic);
         }
+        Ok(drafters)
+    }
+
+    /// Speculation parameters for a model with (`has_mtp`) or without an MTP head.
+    pub fn params(&self, has_mtp: bool) -> Result<SpecParams> {
+        let drafters = self.drafters(has_mtp)?;
+        let synth = self.synth_rates.is_some() || self.synth_len.is_some();
         let mut p = SpecParams {
             drafters,
             n_max: self.n_max,
@@ -339,7 +366,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty (give -p TEXT or --prompt-tokens)");
     }
-    let spec = a.spec.params()?;
+    let spec = a.spec.params(model.has_mtp())?;
     let mem_cfg = MemoryConfig {
         n_ctx: a.model.ctx_size,
         max_seqs: 1,

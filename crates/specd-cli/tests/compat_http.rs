@@ -110,7 +110,8 @@ const GAUGES: [(&str, &str); 6] = [
 
 #[test]
 fn metrics_like_llama_server() {
-    let s = Server::start(&["-c", "512", "-np", "1", "--metrics"]);
+    // Speculation off, as llama-server without a draft: its series are checked elsewhere.
+    let s = Server::start(&["-c", "512", "-np", "1", "--metrics", "--spec-type", "none"]);
     let r = s.get("/metrics");
     assert_eq!(r.status, 200);
     assert_eq!(exact(&r, "Content-Type"), Some("text/plain; version=0.0.4"));
@@ -203,7 +204,7 @@ fn metrics_disabled_is_501_json() {
 
 #[test]
 fn timings_like_llama_server() {
-    let s = Server::start(&["-c", "512", "-np", "1"]);
+    let s = Server::start(&["-c", "512", "-np", "1", "--spec-type", "none"]);
     // One token: it comes from the prompt's last row, so no generation step, no rate.
     let v = s.ok(
         "/completion",
@@ -279,7 +280,7 @@ fn draft_counts_appear_once_drafts_were_verified() {
 
 #[test]
 fn slots_like_llama_server() {
-    let s = Server::start(&["-c", "512", "-np", "2", "--slots"]);
+    let s = Server::start(&["-c", "512", "-np", "2", "--slots", "--spec-type", "none"]);
     // Never used: id, n_ctx, speculative, is_processing — and no params.
     let slots = s.get("/slots").json();
     let slots = slots.as_array().unwrap();

@@ -230,15 +230,17 @@ fn errors() {
     );
 }
 
-/// Infill speculates by default with the n-gram drafters (the server's default is off), says so
-/// in its settings and `/props`, and its tokens are exactly the plain ones (greedy).
+/// Infill speculates by default with its own n-gram drafter (not the server's default choice,
+/// `ngram-mod`), says so in its settings and `/props`, and its tokens are exactly the plain ones
+/// (greedy).
 #[test]
 fn speculative_by_default_and_exact() {
     let s = Server::start(&["-c", "4096"]);
     let p = s.get("/props").json();
     assert_eq!(p["specd"]["infill"]["supported"], true);
     assert_eq!(p["specd"]["infill"]["spec_types"], json!(["ngram-map-k"]));
-    assert_eq!(p["default_generation_settings"]["speculative"], false);
+    assert_eq!(p["default_generation_settings"]["speculative"], true);
+    assert_eq!(p["specd"]["spec_types"], json!(["ngram-mod"]));
     let body = json!({
         "input_prefix": PREFIX, "input_suffix": SUFFIX,
         "input_extra": [{"filename": "lucas.py", "text": EXTRA}],

@@ -99,7 +99,8 @@ fn info_endpoints() {
 
 #[test]
 fn completion_streaming_and_not() {
-    let s = Server::start(&["-c", "512", "-np", "2", "--metrics"]);
+    // Plain decoding: the timings without draft counts (speculation is on by default).
+    let s = Server::start(&["-c", "512", "-np", "2", "--metrics", "--spec-type", "none"]);
     let base = json!({"prompt": PROMPT, "n_predict": 12, "temperature": 0, "return_tokens": true, "ignore_eos": true});
     let v = s.ok("/completion", &base);
     let toks = tokens(&v);

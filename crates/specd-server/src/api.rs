@@ -118,7 +118,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
             // `/infill` (and `suffix`) speculate by default with these drafters.
             "infill": {
                 "supported": crate::generate::infill_supported(&st),
-                "spec_types": crate::generate::infill_drafters(&d.spec)
+                "spec_types": crate::generate::infill_drafters(d)
                     .iter()
                     .map(|k| k.name())
                     .collect::<Vec<_>>(),

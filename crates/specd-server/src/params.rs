@@ -112,6 +112,8 @@ pub struct Defaults {
     pub n_predict: Option<usize>,
     pub sampler: SamplerParams,
     pub spec: SpecParams,
+    /// Whether `--spec-type` named `spec`'s drafters (false: specd's default choice).
+    pub spec_named: bool,
     /// `cache_prompt` default.
     pub cache_prompt: bool,
     /// Grammar of requests that give none (`--grammar`, `--json-schema`).
@@ -547,6 +549,7 @@ mod tests {
                 drafters: vec![DrafterKind::NgramSimple],
                 ..SpecParams::default()
             },
+            spec_named: true,
             cache_prompt: true,
             grammar: None,
             ignore_eos: false,

@@ -12,7 +12,11 @@
 //! and reported; only an unreachable server, bad flags or bad workload files stop the run.
 
 mod client;
+mod procfs;
 mod report;
+mod soak;
+
+pub use soak::DEFAULT_MAX_BODY_BYTES;
 
 use super::BenchArgs;
 use anyhow::{bail, Context, Result};
@@ -26,6 +30,9 @@ use std::time::{Duration, Instant};
 
 /// Runs the load test described by the `--server` flags of `a`.
 pub fn run(url: &str, a: &BenchArgs) -> Result<()> {
+    if let Some(secs) = a.soak {
+        return soak::run(url, a, secs);
+    }
     if a.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }

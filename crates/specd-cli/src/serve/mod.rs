@@ -156,7 +156,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         (None, Some(t)) => Some(chat_template(t)?),
         (None, None) => None,
     };
-    let spec = a.spec.params()?;
+    // Checked before the model loads, so a bad flag fails at once; the default drafters
+    // depend on the model (an MTP head) and are chosen once it is loaded.
+    a.spec.params(false)?;
     let rollback = a.spec.rollback()?;
     let mut sampler = a.sampling.params();
     sampler.typical_p = a.typical;
@@ -166,7 +168,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let path = match &a.model.model {
         Some(p) => p.clone(),
         None => {
-            pb.set_message("generating the demo model (first use)");
+            pb.set_message("the built-in demo model");
             demo_model_path()?
         }
     };
@@ -179,6 +181,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Model::load(&path, opts.clone()).with_context(|| format!("loading {}", path.display()))?,
     );
     pb.inc(1);
+    let spec = a.spec.params(model.has_mtp())?;
     let draft_model = match &a.spec.model_draft {
         Some(p) => {
             pb.set_message(format!("loading draft model {}", p.display()));
@@ -298,6 +301,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             n_predict: usize::try_from(a.n_predict).ok(),
             sampler,
             spec,
+            spec_named: a.spec.spec_type.is_some(),
             cache_prompt: !a.no_cache_prompt,
             grammar,
             ignore_eos: a.ignore_eos,

@@ -69,9 +69,19 @@ impl Server {
 
     /// [`Server::start_env`] on another model file.
     pub fn start_with(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut args = vec!["-m", model.to_str().expect("utf-8 model path")];
+        args.extend_from_slice(extra);
+        Self::spawn(&args, env)
+    }
+
+    /// `specd serve` with no `-m`: the built-in demo model.
+    pub fn start_demo(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::spawn(extra, env)
+    }
+
+    fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
-            .args(["serve", "-m"])
-            .arg(model)
+            .arg("serve")
             .args(["--port", "0", "-t", "1"])
             .args(extra)
             .envs(env.iter().copied())

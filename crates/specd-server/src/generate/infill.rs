@@ -198,12 +198,13 @@ fn layout(
     Ok(out)
 }
 
-/// The drafters an infill request that names none uses: the server's, or [`INFILL_DRAFTERS`].
-pub fn infill_drafters(defaults: &SpecParams) -> Vec<DrafterKind> {
-    if defaults.drafters.is_empty() {
+/// The drafters an infill request that names none uses: those `--spec-type` named, else
+/// [`INFILL_DRAFTERS`] (chosen for infill over the server's general default).
+pub fn infill_drafters(defaults: &crate::params::Defaults) -> Vec<DrafterKind> {
+    if defaults.spec.drafters.is_empty() || !defaults.spec_named {
         INFILL_DRAFTERS.to_vec()
     } else {
-        defaults.drafters.clone()
+        defaults.spec.drafters.clone()
     }
 }
 
@@ -221,7 +222,7 @@ fn infill_spec(st: &AppState, f: &Fields, g: &mut GenParams) -> Result<(), ApiEr
             || nested.as_ref().is_some_and(|n| n.get(k).is_some())
     };
     if !says("type") && !says("enabled") {
-        g.spec.drafters = infill_drafters(&st.cfg.defaults.spec);
+        g.spec.drafters = infill_drafters(&st.cfg.defaults);
     }
     Ok(())
 }

@@ -74,7 +74,7 @@ impl Endpoint {
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<Bytes>,
     ) -> Result<Response<Incoming>> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
             .await
@@ -97,9 +97,9 @@ impl Endpoint {
             req = req.header(AUTHORIZATION, format!("Bearer {k}"));
         }
         let body = match body {
-            Some(v) => {
+            Some(b) => {
                 req = req.header(CONTENT_TYPE, "application/json");
-                Full::new(Bytes::from(v.to_string()))
+                Full::new(b)
             }
             None => Full::new(Bytes::new()),
         };
@@ -116,6 +116,25 @@ impl Endpoint {
         let status = resp.status();
         let body = read_body(resp).await?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// POSTs a ready-made JSON body and reads the whole answer: its status and body.
+    pub(super) async fn post_raw(&self, path: &str, body: Bytes) -> Result<(StatusCode, Bytes)> {
+        let resp = self.send(Method::POST, path, Some(body)).await?;
+        let status = resp.status();
+        Ok((status, read_body(resp).await?))
+    }
+
+    /// GET of `path`: its status, timed from connecting to the last byte.
+    pub(super) async fn get_timed(&self, path: &str) -> Result<(StatusCode, Duration)> {
+        let t0 = Instant::now();
+        let (status, _) = self.get(path).await?;
+        Ok((status, t0.elapsed()))
+    }
+
+    /// `host:port` this endpoint connects to.
+    pub(super) fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// Checks that the server answers before any measurement, and returns its model id
@@ -160,7 +179,11 @@ impl Endpoint {
         }
         let t0 = Instant::now();
         let resp = self
-            .send(Method::POST, "/v1/chat/completions", Some(&body))
+            .send(
+                Method::POST,
+                "/v1/chat/completions",
+                Some(Bytes::from(body.to_string())),
+            )
             .await?;
         let status = resp.status();
         if !status.is_success() {
@@ -254,7 +277,7 @@ pub(super) fn short_f64(x: f32) -> f64 {
 }
 
 /// The start of a body, for error messages.
-fn snippet(b: &[u8]) -> String {
+pub(super) fn snippet(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
     let s = s.trim();
     if s.chars().count() > SNIPPET_CHARS {
