@@ -192,8 +192,8 @@ pub async fn chat(State(st): State<Arc<AppState>>, JsonBody(body): JsonBody) -> 
 }
 
 async fn chat_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
+    let (body, (prompt, g, out_cfg)) = on_worker(&st, body, chat_request).await?;
     let f = Fields::of(&body);
-    let (prompt, g, out_cfg) = chat_request(&st, &f)?;
     let x = Extras::of(&st, &f, &g)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {
@@ -271,7 +271,7 @@ pub async fn chat_input_tokens(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let prompt = chat_prompt(&st, &Fields::of(&body))?;
+    let (_, prompt) = on_worker(&st, body, chat_prompt).await?;
     Ok(Json(
         json!({"input_tokens": prompt.len(), "object": "response.input_tokens"}),
     ))

@@ -169,10 +169,12 @@ pub async fn completion(State(st): State<Arc<AppState>>, JsonBody(body): JsonBod
 }
 
 async fn completion_inner(st: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
-    let f = Fields::of(&body);
-    let g = gen_params(&st, &f, Api::Llama)?;
-    let x = Extras::of(&st, &f, &g)?;
-    let tasks = tasks(parse_prompts(&st, &f)?, &g);
+    let (_, (tasks, x)) = on_worker(&st, body, |st, f| {
+        let g = gen_params(st, f, Api::Llama)?;
+        let x = Extras::of(st, f, &g)?;
+        Ok((tasks(parse_prompts(st, f)?, &g), x))
+    })
+    .await?;
     respond(st, tasks, x).await
 }
 
