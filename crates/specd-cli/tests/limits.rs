@@ -132,52 +132,55 @@ fn prompt_longer_than_the_context_is_refused_before_tokenizing() {
     assert_eq!(r["tokens_predicted"], 2);
 }
 
-/// Bodies in flight are bounded (`--max-pending-bytes`): one that does not fit while others
-/// are processed is refused with 503 and a JSON body before it is read, the connection closed;
-/// once they are done, it is taken.
+/// Bodies in flight are bounded (`--max-pending-bytes`): while two uploads hold the budget, a
+/// request with a body is refused with 503 and a JSON body before it is read, the connection
+/// closed; requests without a body are served; once an upload ends, bodies are taken again.
 #[test]
 fn bodies_in_flight_are_bounded() {
     let limit = (2 * BODY_LIMIT).to_string();
-    let s = start_limited(&[
-        "-c",
-        "256",
-        "-np",
-        "1",
-        "--threads-http",
-        "1",
-        "--max-pending-bytes",
-        &limit,
-    ]);
-    let big = json!({"content": text(BODY_LIMIT * 15 / 16)})
-        .to_string()
-        .into_bytes();
-    // Two near-limit bodies fill the budget; the worker takes them one at a time.
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            let (addr, b) = (s.addr.clone(), big.clone());
-            std::thread::spawn(move || request(&addr, "POST", "/tokenize", &[], Some(&b)))
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let r = request(&s.addr, "POST", "/tokenize", &[], Some(&big));
-    if !workers.iter().all(|w| w.is_finished()) {
-        let v = assert_error(&r, 503, "unavailable_error");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("--max-pending-bytes"),
-            "{v}"
+    let s = start_limited(&["-c", "256", "-np", "1", "--max-pending-bytes", &limit]);
+    // Two uploads announce a body of the limit each and send only its start: each holds its
+    // share of the budget while it arrives.
+    let upload = |n: usize| {
+        let mut c = connect(&s.addr);
+        let head = format!(
+            "POST /tokenize HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n{{\"content\": \"",
+            s.addr
         );
-        assert_eq!(r.header("Connection"), Some("close"));
-    }
-    for w in workers {
-        assert_eq!(w.join().unwrap().status, 200);
-    }
-    // Small requests fit meanwhile, and the big one once the others are done.
+        c.write_all(head.as_bytes()).unwrap();
+        c
+    };
+    let first = upload(BODY_LIMIT);
+    let _second = upload(BODY_LIMIT);
+    // The server has read both heads once a request behind them is answered.
     assert_eq!(s.get("/health").status, 200);
-    let r = request(&s.addr, "POST", "/tokenize", &[], Some(&big));
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post("/tokenize", &json!({"content": "hello"}));
+    let v = assert_error(&r, 503, "unavailable_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-pending-bytes"),
+        "{v}"
+    );
+    assert_eq!(r.header("Connection"), Some("close"));
+    // Requests without a body are served meanwhile.
+    assert_eq!(s.get("/props").status, 200);
+    // An upload that goes away gives its share back.
+    drop(first);
+    let t0 = Instant::now();
+    loop {
+        let r = s.post("/tokenize", &json!({"content": "hello"}));
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the budget was not given back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `--timeout` (llama-server's read / write timeout): a body that stops arriving is answered
