@@ -145,7 +145,10 @@ fn clean_error(e: &str) -> String {
         return "no text matches the grammar (e.g. a JSON schema that refers to itself without end)"
             .into();
     }
-    if e.contains("fuel") || e.contains("limit") || e.contains("too many") {
+    if ["fuel", "limit", "too many"]
+        .iter()
+        .any(|w| first.contains(w))
+    {
         return format!("the grammar is over the grammar engine's limits ({first})");
     }
     first.to_string()
