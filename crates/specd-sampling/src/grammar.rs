@@ -118,12 +118,12 @@ impl GrammarVocab {
         let parser = self.factory.create_parser(top);
         let mut matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
-            return Err(SamplingError::Grammar(e));
+            return Err(SamplingError::Grammar(clean_error(&e)));
         }
         // Compiling is lazy in places; the first mask surfaces the remaining errors now.
         matcher
             .compute_mask()
-            .map_err(|e| SamplingError::Grammar(e.to_string()))?;
+            .map_err(|e| SamplingError::Grammar(clean_error(&e.to_string())))?;
         Ok(Grammar {
             matcher,
             consumed: 0,
@@ -131,6 +131,27 @@ impl GrammarVocab {
             n_vocab: self.n_vocab,
         })
     }
+}
+
+/// llguidance's error as a message for the client: its first line (the rest is the parser's
+/// state and, for a failed internal check, a backtrace), said plainly for the errors a
+/// grammar's size or shape causes.
+fn clean_error(e: &str) -> String {
+    let first = e.lines().next().unwrap_or("").trim();
+    if first.contains("panic") || first.contains("assertion failed") {
+        return format!("the grammar is over the grammar engine's size limits ({first})");
+    }
+    if first.starts_with("NoExtensionBias") {
+        return "no text matches the grammar (e.g. a JSON schema that refers to itself without end)"
+            .into();
+    }
+    if ["fuel", "limit", "too many"]
+        .iter()
+        .any(|w| first.contains(w))
+    {
+        return format!("the grammar is over the grammar engine's limits ({first})");
+    }
+    first.to_string()
 }
 
 /// Unless the schema sets llguidance options itself (`x-guidance`), JSON is generated without
@@ -260,6 +281,11 @@ impl Grammar {
     /// Advances over a kept token. Once the grammar is complete the matcher stops and takes no
     /// more tokens; the EOS that ends the output is then counted here instead.
     pub fn accept(&mut self, token: u32) -> Result<(), SamplingError> {
+        // A grammar that went over the engine's limits while generating stops the matcher
+        // with an error: say that, not what it did to the next token.
+        if let Some(e) = self.matcher.get_error() {
+            return Err(SamplingError::Grammar(clean_error(&e)));
+        }
         if self.matcher.is_stopped() {
             if !self.mask().is_allowed(token) {
                 return Err(SamplingError::Grammar(format!(
@@ -271,7 +297,7 @@ impl Grammar {
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| SamplingError::Grammar(e.to_string()))?;
+            .map_err(|e| SamplingError::Grammar(clean_error(&e.to_string())))?;
         self.consumed += 1;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! apply-template.
 
 use crate::error::{ApiError, ErrorKind, JsonBody};
-use crate::generate::{generation_settings, render_chat};
+use crate::generate::{generation_settings, on_worker, render_chat};
 use crate::params::Fields;
 use crate::AppState;
 use axum::extract::State;
@@ -200,7 +200,11 @@ pub async fn tokenize(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let f = Fields::of(&body);
+    let (_, v) = on_worker(&st, body, tokenize_body).await?;
+    Ok(Json(v))
+}
+
+fn tokenize_body(st: &AppState, f: &Fields) -> Result<Value, ApiError> {
     let content = f
         .str("content")?
         .ok_or_else(|| ApiError::invalid("'content' is required").with("param", "content"))?;
@@ -226,7 +230,7 @@ pub async fn tokenize(
     } else {
         ids.iter().map(|&id| json!(id)).collect()
     };
-    Ok(Json(json!({ "tokens": tokens })))
+    Ok(json!({ "tokens": tokens }))
 }
 
 /// `POST /detokenize`: `tokens` → `content` (special tokens rendered, as llama-server does).
@@ -234,7 +238,11 @@ pub async fn detokenize(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let f = Fields::of(&body);
+    let (_, content) = on_worker(&st, body, detokenize_body).await?;
+    Ok(Json(json!({ "content": content })))
+}
+
+fn detokenize_body(st: &AppState, f: &Fields) -> Result<String, ApiError> {
     let ids: Vec<u32> = match f.get("tokens") {
         None => Vec::new(),
         Some(Value::Array(a)) => a
@@ -250,12 +258,10 @@ pub async fn detokenize(
             )
         }
     };
-    let content = st
-        .model
+    st.model
         .tokenizer()
         .decode(&ids, true)
-        .map_err(|e| ApiError::invalid(e.to_string()).with("param", "tokens"))?;
-    Ok(Json(json!({ "content": content })))
+        .map_err(|e| ApiError::invalid(e.to_string()).with("param", "tokens"))
 }
 
 /// `POST /apply-template`: `messages` → `prompt`, the chat template applied.
@@ -263,7 +269,7 @@ pub async fn apply_template(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let prompt = render_chat(&st, &Fields::of(&body))?;
+    let (_, prompt) = on_worker(&st, body, render_chat).await?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 

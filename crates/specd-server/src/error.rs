@@ -1,11 +1,13 @@
 //! Errors as HTTP responses, in the OpenAI / llama-server shape:
 //! `{"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}`.
 
+use crate::AppState;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 /// Error kinds, named after llama-server's `error_type` (the `type` field of the body).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +20,8 @@ pub enum ErrorKind {
     NotFound,
     /// 413 `invalid_request_error`: the body is over the size limit.
     TooLarge,
+    /// 408 `invalid_request_error`: the body did not arrive within `--timeout`.
+    Timeout,
     /// 400 `exceed_context_size_error`: the prompt does not fit the slot's context.
     ExceedContext,
     /// 501 `not_supported_error`: an endpoint or feature this server has switched off.
@@ -35,6 +39,7 @@ impl ErrorKind {
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::NotSupported => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Server => StatusCode::INTERNAL_SERVER_ERROR,
@@ -42,7 +47,9 @@ impl ErrorKind {
     }
     fn type_name(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::Timeout => {
+                "invalid_request_error"
+            }
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::ExceedContext => "exceed_context_size_error",
@@ -78,6 +85,16 @@ impl ApiError {
     /// 500 `server_error`.
     pub fn server(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Server, message)
+    }
+    /// A generation's failure as the engine reports it: the request's grammar (over the grammar
+    /// engine's limits while generating) is the request's error, anything else the server's.
+    pub fn of_step(message: String) -> Self {
+        // The engine reports failures as text; a grammar's carry SamplingError's prefix.
+        if message.starts_with("invalid grammar") {
+            Self::invalid(message)
+        } else {
+            Self::server(message)
+        }
     }
     /// 400 `exceed_context_size_error` with llama-server's extra fields.
     pub fn exceed_context(n_prompt: usize, n_ctx: usize) -> Self {
@@ -123,9 +140,10 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status(), axum::Json(self.body())).into_response();
-        // A body refused for its size may still be arriving: the connection cannot carry
-        // another request after it, so the client is told to open a new one.
-        if self.kind == ErrorKind::TooLarge {
+        // A body refused for its size, or not read to its end in time, may still be arriving:
+        // the connection cannot carry another request after it, so the client is told to open
+        // a new one.
+        if matches!(self.kind, ErrorKind::TooLarge | ErrorKind::Timeout) {
             r.headers_mut().insert(
                 axum::http::header::CONNECTION,
                 axum::http::HeaderValue::from_static("close"),
@@ -139,12 +157,22 @@ impl IntoResponse for ApiError {
 /// malformed JSON) answered in the OpenAI error shape instead of axum's plain-text default.
 pub struct JsonBody(pub Value);
 
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
+impl FromRequest<Arc<AppState>> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state)
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let timeout = state.cfg.timeout;
+        let bytes = tokio::time::timeout(timeout, axum::body::Bytes::from_request(req, state))
             .await
+            .map_err(|_| {
+                ApiError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the request body did not arrive within {} s (--timeout)",
+                        timeout.as_secs()
+                    ),
+                )
+            })?
             .map_err(|e| match e {
                 BytesRejection::FailedToBufferBody(ref f)
                     if f.status() == StatusCode::PAYLOAD_TOO_LARGE =>
@@ -161,8 +189,14 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 "the request body is empty (expected JSON)",
             ));
         }
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::invalid(format!("malformed JSON in request body: {e}")))?;
+        // Parsing a large body takes a while: a request worker does it.
+        let v: Value = state
+            .limits
+            .cpu(move || {
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| ApiError::invalid(format!("malformed JSON in request body: {e}")))
+            })
+            .await?;
         if !v.is_object() {
             return Err(ApiError::invalid("the request body must be a JSON object"));
         }

@@ -19,6 +19,7 @@ mod conn;
 pub mod cors;
 pub mod error;
 mod generate;
+pub mod limits;
 pub mod metrics;
 pub mod params;
 pub mod scheduler;
@@ -77,6 +78,16 @@ pub struct ServerConfig {
     pub cors: cors::Cors,
     /// Most bytes of a request body.
     pub body_limit: usize,
+    /// `--threads-http`: request workers (CPU work of requests before the engine: parsing,
+    /// chat templates, tokenizing).
+    pub threads_http: usize,
+    /// `--max-pending-bytes`: most bytes of request bodies in flight at once.
+    pub max_pending_bytes: usize,
+    /// `--timeout`: how long reading a request, or writing a part of an answer, may take.
+    pub timeout: std::time::Duration,
+    /// `--shutdown-grace`: how long running requests may go on after SIGTERM / SIGINT before
+    /// they are cancelled.
+    pub shutdown_grace: std::time::Duration,
     /// Recurrent-state rollback of the engine.
     pub rollback: RollbackKind,
     /// Prompt-end checkpoints kept per slot for prompt reuse (`--ctx-checkpoints`).
@@ -123,6 +134,10 @@ pub struct AppState {
     pub references: scheduler::ReferenceCache,
     /// `/metrics`' counters at the previous scrape.
     pub scrapes: metrics::Scrapes,
+    /// Request workers, the budget of bodies in flight, the prompt length bound.
+    pub limits: limits::Limits,
+    /// Set when the shutdown grace period is over: running requests end with an error.
+    pub cancel_all: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -182,13 +197,19 @@ impl AppState {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         Ok(Arc::new(AppState {
-            cfg,
-            model,
             template,
             sched,
             started,
             references: Default::default(),
             scrapes: Default::default(),
+            limits: limits::Limits::new(
+                cfg.threads_http,
+                cfg.max_pending_bytes,
+                limits::longest_token(model.tokenizer()),
+            ),
+            cancel_all: tokio::sync::watch::Sender::new(false),
+            cfg,
+            model,
         }))
     }
 }
@@ -209,10 +230,22 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
         .or_else(|| h.get("x-api-key"))
         .and_then(|v| v.to_str().ok())
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
-    match key {
-        Some(k) if st.cfg.api_keys.iter().any(|a| a == k) => {
-            let key = st.cfg.api_keys.iter().position(|a| a == k);
-            req.extensions_mut().insert(scope::Caller { key });
+    // Every key is compared, each in constant time: the answer's timing says nothing about
+    // which key, or how much of one, a guess matched. The key's index is the caller's prompt
+    // cache partition (`scope`).
+    let matched = key.and_then(|k| {
+        st.cfg
+            .api_keys
+            .iter()
+            .enumerate()
+            .fold(None, |found, (i, a)| {
+                let eq = constant_time_eq::constant_time_eq(a.as_bytes(), k.as_bytes());
+                found.or(eq.then_some(i))
+            })
+    });
+    match matched {
+        Some(i) => {
+            req.extensions_mut().insert(scope::Caller { key: Some(i) });
             next.run(req).await
         }
         _ => {
@@ -223,7 +256,8 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
 }
 
 /// Refuses a body announced larger than the limit before reading any of it (the body-limit
-/// layer alone would first wait for the bytes to arrive).
+/// layer alone would first wait for the bytes to arrive), and one the budget of bodies in
+/// flight has no room for; the reservation is held until the answer is ready.
 async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let announced = req
         .headers()
@@ -240,6 +274,25 @@ async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         )
         .into_response();
     }
+    // Bodies without a length may grow to the limit: they reserve all of it.
+    let reserved = match announced {
+        Some(0) => None,
+        Some(n) => Some(n as usize),
+        None if req.headers().contains_key(header::TRANSFER_ENCODING) => Some(st.cfg.body_limit),
+        None => None,
+    };
+    let _budget = match reserved.map(|n| st.limits.reserve(n)).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            // Refused before the body is read: the connection cannot carry another request.
+            let mut r = e.into_response();
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
+    };
     next.run(req).await
 }
 
@@ -392,7 +445,7 @@ pub use conn::Listener;
 
 /// Serves the same routes on every listener until Ctrl-C / SIGTERM.
 pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Result<()> {
-    let app = router(st);
+    let app = router(st.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     for l in listeners {
@@ -400,11 +453,27 @@ pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Resu
         let signal = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
-        servers.spawn(conn::serve(l, app.clone(), signal));
+        servers.spawn(conn::serve(l, app.clone(), signal, st.cfg.timeout));
     }
+    // The first signal stops accepting connections; running requests may finish within the
+    // grace period (a second signal ends it at once), then they are cancelled, each ending with
+    // an error its client can read.
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop.send(true);
+        let grace = st.cfg.shutdown_grace;
+        eprintln!(
+            "specd: shutting down: no new connections; running requests have {} s to finish (--shutdown-grace)",
+            grace.as_secs_f64()
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(grace) => {},
+            _ = shutdown_signal() => {},
+        }
+        if st.sched.snapshot().slots.iter().any(|s| s.processing) {
+            eprintln!("specd: grace period over: cancelling the running requests");
+        }
+        st.cancel_all.send_replace(true);
     });
     while let Some(r) = servers.join_next().await {
         r.map_err(std::io::Error::other)??;

@@ -787,7 +787,7 @@ impl Worker {
             } else if let Some(error) = error {
                 if let Some(a) = self.active.remove(&slot) {
                     tracing::warn!(slot, %error, "generation failed");
-                    self.send(&a.events, Event::Failed(ApiError::server(error)));
+                    self.send(&a.events, Event::Failed(ApiError::of_step(error)));
                     self.totals.requests_failed += 1;
                 }
             } else if let Some(out) = outputs.remove(&seq) {

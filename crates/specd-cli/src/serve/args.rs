@@ -63,6 +63,26 @@ pub struct ServeArgs {
     #[arg(long = "cache-ram", default_value_t = 8192, allow_hyphen_values = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     pub cache_ram: i64,
+    /// Read / write timeout in seconds (llama-server's `-to`): a request's head and body must
+    /// arrive within it (else 408), and a client must take each part of an answer within it
+    /// (else the connection is closed and its slot freed).
+    #[arg(long = "timeout", default_value_t = 3600)]
+    pub timeout: u64,
+    /// Request workers: CPU work of requests before the engine (JSON bodies, chat templates,
+    /// tokenizing) runs on at most this many threads, never on the threads that answer
+    /// `/health`; up to 16 requests per worker wait, more are refused with 503 (-1: one per
+    /// CPU core).
+    #[arg(long = "threads-http", default_value_t = -1, allow_hyphen_values = true)]
+    pub threads_http: i64,
+    /// Most bytes of request bodies in flight at once (arriving, waiting or being processed); a
+    /// body that does not fit is refused with 503 before it is read. Default: 4 × the body limit.
+    #[arg(long = "max-pending-bytes")]
+    pub max_pending_bytes: Option<usize>,
+    /// Seconds running requests may go on after SIGTERM / SIGINT (no new connections are taken
+    /// meanwhile); then they are cancelled, each ending with an error, and the server exits 0.
+    /// A second signal cancels them at once.
+    #[arg(long = "shutdown-grace", default_value_t = 20.0)]
+    pub shutdown_grace: f64,
     /// API keys, comma-separated (clients send `Authorization: Bearer KEY`).
     #[arg(long = "api-key")]
     pub api_key: Option<String>,

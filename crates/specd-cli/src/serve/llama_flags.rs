@@ -397,9 +397,9 @@ static OPTIONS: &[Opt] = &[
     )
     .env("LLAMA_ARG_SSL_CERT_FILE"),
     opt(&["--chat-template-kwargs"], One, Take).env("LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
-    opt(&["-to", "--timeout"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_TIMEOUT"),
+    opt(&["-to", "--timeout"], One, Take).env("LLAMA_ARG_TIMEOUT"),
     opt(&["--sse-ping-interval"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_SSE_PING_INTERVAL"),
-    opt(&["--threads-http"], One, Ignore(NO_EFFECT)).env("LLAMA_ARG_THREADS_HTTP"),
+    opt(&["--threads-http"], One, Take).env("LLAMA_ARG_THREADS_HTTP"),
     opt(&["--cache-prompt"], Switch, Take)
         .neg(&["--no-cache-prompt"])
         .env("LLAMA_ARG_CACHE_PROMPT"),

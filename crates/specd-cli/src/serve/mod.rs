@@ -276,10 +276,28 @@ pub fn run(a: ServeArgs) -> Result<()> {
         _ => a.port,
     };
 
-    let body_limit = std::env::var("SPECD_MAX_BODY_BYTES")
+    let body_limit: usize = std::env::var("SPECD_MAX_BODY_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16 << 20);
+    let threads_http = match a.threads_http {
+        n if n >= 1 => n as usize,
+        -1 | 0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => bail!("--threads-http {n}: need at least 1 (or -1: one per CPU core)"),
+    };
+    if a.timeout == 0 {
+        bail!("--timeout 0: need at least 1 second");
+    }
+    if !(a.shutdown_grace >= 0.0 && a.shutdown_grace.is_finite()) {
+        bail!(
+            "--shutdown-grace {}: need a number of seconds, 0 or more",
+            a.shutdown_grace
+        );
+    }
+    let max_pending_bytes = a.max_pending_bytes.unwrap_or(body_limit.saturating_mul(4));
+    if max_pending_bytes < body_limit {
+        bail!("--max-pending-bytes {max_pending_bytes}: less than one request body may hold ({body_limit} bytes)");
+    }
     let model_path = path.display().to_string();
     let aliases = name_set(a.alias.as_deref());
     let cfg = ServerConfig {
@@ -316,6 +334,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             credentials: !a.no_cors_credentials,
         },
         body_limit,
+        threads_http,
+        max_pending_bytes,
+        timeout: Duration::from_secs(a.timeout),
+        shutdown_grace: Duration::from_secs_f64(a.shutdown_grace),
         rollback,
         ctx_checkpoints: a.ctx_checkpoints,
         cache_ram: match a.cache_ram {

@@ -40,6 +40,7 @@ fn error_type(k: ErrorKind) -> &'static str {
     match k {
         ErrorKind::InvalidRequest | ErrorKind::ExceedContext => "invalid_request_error",
         ErrorKind::TooLarge => "request_too_large",
+        ErrorKind::Timeout => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::Unavailable => "overloaded_error",
@@ -609,8 +610,9 @@ async fn messages_inner(
     body: Value,
 ) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
+    let (chat, (prompt, mut g, out_cfg)) =
+        on_worker(&st, chat, move |st, f| chat_request(st, f, caller)).await?;
     let f = Fields::of(&chat);
-    let (prompt, mut g, out_cfg) = chat_request(&st, &f, caller)?;
     g.n_cmpl = 1;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let stops = f.strings("stop")?.unwrap_or_default();
@@ -667,12 +669,12 @@ pub async fn count_tokens(
     State(st): State<Arc<AppState>>,
     body: Result<JsonBody, ApiError>,
 ) -> Response {
-    let r = body.and_then(|JsonBody(b)| {
-        let chat = to_chat(&b)?;
-        let prompt = chat_prompt(&st, &Fields::of(&chat))?;
-        Ok(Json(json!({"input_tokens": prompt.len()})).into_response())
-    });
-    into_response_a(r.map_err(AnthropicError))
+    let r = async {
+        let chat = to_chat(&body?.0)?;
+        let (_, prompt) = on_worker(&st, chat, chat_prompt).await?;
+        Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.len()})).into_response())
+    };
+    into_response_a(r.await.map_err(AnthropicError))
 }
 
 #[cfg(test)]

@@ -197,8 +197,9 @@ pub async fn chat(
 }
 
 async fn chat_inner(st: Arc<AppState>, caller: Caller, body: Value) -> Result<Response, ApiError> {
+    let (body, (prompt, g, out_cfg)) =
+        on_worker(&st, body, move |st, f| chat_request(st, f, caller)).await?;
     let f = Fields::of(&body);
-    let (prompt, g, out_cfg) = chat_request(&st, &f, caller)?;
     let x = Extras::of(&st, &f, &g)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let include_usage = match f.object("stream_options")? {
@@ -276,7 +277,7 @@ pub async fn chat_input_tokens(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let prompt = chat_prompt(&st, &Fields::of(&body))?;
+    let (_, prompt) = on_worker(&st, body, chat_prompt).await?;
     Ok(Json(
         json!({"input_tokens": prompt.len(), "object": "response.input_tokens"}),
     ))

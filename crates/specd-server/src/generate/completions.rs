@@ -110,12 +110,16 @@ async fn oai_completion_inner(
     caller: Caller,
     body: Value,
 ) -> Result<Response, ApiError> {
+    let (body, (g, prompts)) = on_worker(&st, body, move |st, f| {
+        let mut g = gen_params(st, f, Api::OaiCompletion, caller)?;
+        let prompts = match super::infill::suffix_prompts(st, f, &mut g)? {
+            Some(p) => p,
+            None => parse_prompts(st, f)?,
+        };
+        Ok((g, prompts))
+    })
+    .await?;
     let f = Fields::of(&body);
-    let mut g = gen_params(&st, &f, Api::OaiCompletion, caller)?;
-    let prompts = match super::infill::suffix_prompts(&st, &f, &mut g)? {
-        Some(p) => p,
-        None => parse_prompts(&st, &f)?,
-    };
     let x = Extras::of(&st, &f, &g)?;
     let echo = f.bool("echo")?.unwrap_or(false);
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();

@@ -244,30 +244,32 @@ async fn infill_inner(
     body: Value,
 ) -> Result<Response, ApiError> {
     let (fim, ids) = fim_tokens(&st)?;
-    let f = Fields::of(&body);
-    let prompt = match f.get("prompt") {
-        None => Vec::new(),
-        Some(Value::String(s)) => tokenize_prompt(&st, s, false)?,
-        Some(_) => {
-            return Err(ApiError::invalid("\"prompt\" must be a string").with("param", "prompt"))
-        }
-    };
-    let part = |key: &str| match f.get(key) {
-        Some(v) => tokenize_part(&st, key, v),
-        None => Err(ApiError::invalid(format!("\"{key}\" is required")).with("param", key)),
-    };
-    let (prefix, suffix) = (part("input_prefix")?, part("input_suffix")?);
-    let extra = parse_extra(&f)?;
-    let mut g = gen_params(&st, &f, Api::Llama, caller)?;
-    infill_spec(&st, &f, &mut g)?;
-    let x = Extras::of(&st, &f, &g)?;
-    let parts = FimParts {
-        prefix,
-        suffix,
-        prompt,
-        extra,
-    };
-    let tokens = layout(&st, fim, ids, parts)?;
+    let (_, (tokens, g, x)) = on_worker(&st, body, move |st, f| {
+        let prompt = match f.get("prompt") {
+            None => Vec::new(),
+            Some(Value::String(s)) => tokenize_prompt(st, s, false)?,
+            Some(_) => {
+                return Err(ApiError::invalid("\"prompt\" must be a string").with("param", "prompt"))
+            }
+        };
+        let part = |key: &str| match f.get(key) {
+            Some(v) => tokenize_part(st, key, v),
+            None => Err(ApiError::invalid(format!("\"{key}\" is required")).with("param", key)),
+        };
+        let (prefix, suffix) = (part("input_prefix")?, part("input_suffix")?);
+        let extra = parse_extra(f)?;
+        let mut g = gen_params(st, f, Api::Llama, caller)?;
+        infill_spec(st, f, &mut g)?;
+        let x = Extras::of(st, f, &g)?;
+        let parts = FimParts {
+            prefix,
+            suffix,
+            prompt,
+            extra,
+        };
+        Ok((layout(st, fim, ids, parts)?, g, x))
+    })
+    .await?;
     respond(st, tasks(vec![tokens], &g), x).await
 }
 

@@ -178,10 +178,12 @@ async fn completion_inner(
     caller: Caller,
     body: Value,
 ) -> Result<Response, ApiError> {
-    let f = Fields::of(&body);
-    let g = gen_params(&st, &f, Api::Llama, caller)?;
-    let x = Extras::of(&st, &f, &g)?;
-    let tasks = tasks(parse_prompts(&st, &f)?, &g);
+    let (_, (tasks, x)) = on_worker(&st, body, move |st, f| {
+        let g = gen_params(st, f, Api::Llama, caller)?;
+        let x = Extras::of(st, f, &g)?;
+        Ok((tasks(parse_prompts(st, f)?, &g), x))
+    })
+    .await?;
     respond(st, tasks, x).await
 }
 

@@ -223,6 +223,28 @@ pub(crate) struct Running {
     zero: bool,
     /// Streamed with `timings_per_token`.
     timings: bool,
+    /// Turns true when the shutdown grace period is over: the request ends with an error.
+    cancel: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Running {
+    /// The next engine event, or the shutdown's error once the grace period is over (dropping
+    /// the request then frees its slot, as a client that went away does).
+    pub(crate) async fn next(&mut self) -> Result<Option<Event>, ApiError> {
+        tokio::select! {
+            biased;
+            ev = self.rx.recv() => Ok(ev),
+            _ = self.cancel.wait_for(|c| *c) => Err(shutdown_error()),
+        }
+    }
+}
+
+/// The error a request still running at the end of the shutdown grace period ends with.
+pub(crate) fn shutdown_error() -> ApiError {
+    ApiError::new(
+        crate::error::ErrorKind::Unavailable,
+        "the server is shutting down: the request was cancelled at the end of the grace period",
+    )
 }
 
 /// Hands a generation to the engine without waiting for it to start.
@@ -258,6 +280,7 @@ pub(crate) async fn submit(
         prompt,
         zero: g.n_predict == Some(0),
         timings: x.timings_per_token && g.stream,
+        cancel: st.cancel_all.subscribe(),
     })
 }
 
@@ -271,7 +294,7 @@ pub(crate) async fn start(
 ) -> Result<Running, ApiError> {
     let mut r = submit(st, prompt, g, x).await?;
     loop {
-        match r.rx.recv().await {
+        match r.next().await? {
             Some(Event::Started { slot, .. }) => {
                 r.slot = slot;
                 return Ok(r);
@@ -281,6 +304,22 @@ pub(crate) async fn start(
             None => return Err(ApiError::server("the engine dropped the request")),
         }
     }
+}
+
+/// Runs a request's preparation (parameters, chat template, tokenizing) on a request worker,
+/// off the async threads (see [`crate::limits`]); gives the body back with the result.
+pub(crate) async fn on_worker<T: Send + 'static>(
+    st: &Arc<AppState>,
+    body: Value,
+    f: impl FnOnce(&AppState, &Fields) -> Result<T, ApiError> + Send + 'static,
+) -> Result<(Value, T), ApiError> {
+    let st2 = st.clone();
+    st.limits
+        .cpu(move || {
+            let r = f(&st2, &Fields::of(&body))?;
+            Ok((body, r))
+        })
+        .await
 }
 
 /// Clears what `n_predict: 0` generated only to evaluate the prompt.
@@ -294,7 +333,7 @@ pub(crate) fn hide_zero(out: &mut SeqOutput) {
 /// Waits for the end of a generation.
 pub(crate) async fn finish(mut r: Running) -> Result<(SeqOutput, Running), ApiError> {
     loop {
-        match r.rx.recv().await {
+        match r.next().await? {
             Some(Event::Done(out)) => {
                 let mut out = *out;
                 if r.zero {

@@ -260,7 +260,24 @@ pub(crate) fn parse_prompts(st: &AppState, f: &Fields) -> Result<Vec<Vec<u32>>, 
     if prompts.is_empty() {
         return Err(ApiError::invalid("\"prompt\" must not be empty").with("param", "prompt"));
     }
-    prompts.into_iter().map(|v| sub_prompt(st, v)).collect()
+    prompts
+        .into_iter()
+        .map(|v| {
+            st.limits
+                .check_prompt_bytes(text_bytes(v), st.cfg.n_ctx_slot)?;
+            sub_prompt(st, v)
+        })
+        .collect()
+}
+
+/// Bytes of the text in a prompt (its strings; token ids count nothing).
+fn text_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(a) => a.iter().map(text_bytes).sum(),
+        Value::Object(o) => o.get("prompt_string").map_or(0, text_bytes),
+        _ => 0,
+    }
 }
 
 /// The prompt of a chat request: its messages through the chat template, tokenized.
@@ -269,9 +286,12 @@ pub(crate) fn chat_prompt(st: &AppState, f: &Fields) -> Result<Vec<u32>, ApiErro
     tokenize_prompt(st, &text, true)
 }
 
-/// [`chat_prompt`] with the prompt's text (the output stage reads how the prompt ends).
+/// [`chat_prompt`] with the prompt's text (the output stage reads how the prompt ends), for a
+/// generation: a text longer than the context can hold is refused before it is tokenized.
 pub(crate) fn chat_prompt_text(st: &AppState, f: &Fields) -> Result<(String, Vec<u32>), ApiError> {
     let text = render_chat(st, f)?;
+    st.limits
+        .check_prompt_bytes(text.len(), st.cfg.n_ctx_slot)?;
     let ids = tokenize_prompt(st, &text, true)?;
     Ok((text, ids))
 }

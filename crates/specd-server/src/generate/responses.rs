@@ -771,8 +771,9 @@ async fn responses_inner(
     body: Value,
 ) -> Result<Response, ApiError> {
     let chat = to_chat(&body)?;
+    let (chat, (prompt, mut g, out_cfg)) =
+        on_worker(&st, chat, move |st, f| chat_request(st, f, caller)).await?;
     let f = Fields::of(&chat);
-    let (prompt, mut g, out_cfg) = chat_request(&st, &f, caller)?;
     g.n_cmpl = 1;
     let x = Extras::of(&st, &f, &g)?;
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
@@ -820,7 +821,7 @@ pub async fn responses_input_tokens(
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let chat = to_chat(&body)?;
-    let prompt = chat_prompt(&st, &Fields::of(&chat))?;
+    let (_, prompt) = on_worker(&st, chat, chat_prompt).await?;
     Ok(Json(
         json!({"object": "response.input_tokens", "input_tokens": prompt.len()}),
     ))

@@ -67,7 +67,11 @@ fn events(
     stream::unfold(Some(S { st, r, shape }), |state| async move {
         let mut s = state?;
         loop {
-            match s.r.rx.recv().await {
+            let ev = match s.r.next().await {
+                Ok(ev) => ev,
+                Err(e) => return Some(((vec![s.shape.error(&e)], true), None)),
+            };
+            match ev {
                 Some(Event::Chunk {
                     tokens,
                     text,
