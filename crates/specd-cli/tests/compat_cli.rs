@@ -296,7 +296,6 @@ fn flags_of_llama_servers_tests_start_the_server() {
         "'--backend-sampling' ignored: specd computes on the CPU",
         "'--no-mmproj' ignored: specd serves text models only (no multimodal projector)",
         "'--media-path .' ignored: only used with a multimodal projector",
-        "'--cache-ram 100' ignored:",
         "'--ui-mcp-proxy' ignored: specd has no web UI, nor the /cors-proxy it uses for MCP",
         "'--no-models-autoload' ignored: only used in router mode",
         "'-fa on' ignored: specd computes on the CPU",
