@@ -136,3 +136,17 @@ pub trait Trunk: Send + Sync {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_architecture_has_one_registry_entry() {
+        for a in [Arch::Qwen35, Arch::Qwen35Moe, Arch::Llama, Arch::Qwen3] {
+            assert_eq!(REGISTRY.iter().filter(|d| d.arch == a).count(), 1);
+            assert_eq!(a.def().arch, a);
+        }
+        assert_eq!(REGISTRY.len(), 4, "a new Arch variant needs its line above");
+    }
+}
