@@ -463,10 +463,14 @@ impl Tokenizer {
             }
             frags = next;
         }
+        // Only the ids are read: `encode_fast` skips the offset conversion `encode` does for
+        // every token (same ids; about 3× faster on long texts, BENCHMARKS.md).
         for f in frags {
             match f {
                 Frag::Token(id) => out.push(id),
-                Frag::Text(s) => out.extend_from_slice(self.backend.encode(s, false)?.get_ids()),
+                Frag::Text(s) => {
+                    out.extend_from_slice(self.backend.encode_fast(s, false)?.get_ids())
+                }
             }
         }
         if add_special && self.spec.add_eos {
