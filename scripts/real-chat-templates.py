@@ -49,7 +49,8 @@ meta-llama-Llama-3.1-8B-Instruct meta-llama-Llama-3.2-3B-Instruct
 NousResearch-Hermes-3-Llama-3.1-8B-tool_use NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use
 mistralai-Mistral-Nemo-Instruct-2407 Mistral-Small-3.2-24B-Instruct-2506
 deepseek-ai-DeepSeek-R1-Distill-Qwen-32B NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 HuggingFaceTB-SmolLM3-3B
-google-gemma-2-2b-it GLM-4.6 ibm-granite-granite-3.3-2B-Instruct microsoft-Phi-3.5-mini-instruct""".split()
+google-gemma-2-2b-it GLM-4.6 ibm-granite-granite-3.3-2B-Instruct microsoft-Phi-3.5-mini-instruct
+fireworks-ai-llama-3-firefunction-v2""".split()
 
 
 def msg(role, content, **extra):

@@ -390,6 +390,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         reasoning_budget: None,
         cache_prompt: false,
         cache_scope: 0,
+        time_limit: None,
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

@@ -529,3 +529,40 @@ fn sigint_exits_cleanly() {
     assert_eq!(exit_code(&mut s, Duration::from_secs(10)), 0, "{}", s.log());
     let _ = BufRead::fill_buf(&mut stream);
 }
+
+/// llama-server's `t_max_predict_ms`: once generation has run that long, it ends at the next
+/// token with a newline (`stop_type` "limit", as `n_predict` would); without it the same request
+/// runs to `n_predict`. The grammar makes every third-ish token a line end.
+#[test]
+fn time_limit_ends_generation_at_a_line_end() {
+    let s = Server::start(&["-c", "1024", "-np", "1"]);
+    let body = |limit: u64| {
+        json!({"prompt": "x", "n_predict": 300, "temperature": 0, "ignore_eos": true,
+               "grammar": "root ::= (\"ab\" \"\\n\")+", "t_max_predict_ms": limit})
+    };
+    let full = s.ok("/completion", &body(0));
+    assert_eq!(full["tokens_predicted"], 300, "{full}");
+    for path in ["/completion", "/v1/completions"] {
+        let mut b = body(1);
+        if path == "/v1/completions" {
+            b["max_tokens"] = json!(300);
+        }
+        let v = s.ok(path, &b);
+        let (content, n) = if path == "/completion" {
+            assert_eq!(v["stop_type"], "limit", "{v}");
+            (
+                v["content"].as_str().unwrap().to_string(),
+                v["tokens_predicted"].as_u64().unwrap(),
+            )
+        } else {
+            assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["usage"]["completion_tokens"].as_u64().unwrap(),
+            )
+        };
+        assert!(n < 300, "{path}: stopped after {n} tokens");
+        assert!(content.ends_with('\n'), "{path}: {content:?}");
+        assert!(full["content"].as_str().unwrap().starts_with(&content));
+    }
+}

@@ -199,12 +199,19 @@ pub async fn slots(State(st): State<Arc<AppState>>) -> Response {
 pub async fn tokenize(
     State(st): State<Arc<AppState>>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, ApiError> {
-    let (_, v) = on_worker(&st, body, tokenize_body).await?;
-    Ok(Json(v))
+) -> Result<Response, ApiError> {
+    let (_, bytes) = on_worker(&st, body, tokenize_body).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        bytes,
+    )
+        .into_response())
 }
 
-fn tokenize_body(st: &AppState, f: &Fields) -> Result<Value, ApiError> {
+/// The response, written on the request worker straight from the ids: a near-limit body has
+/// millions of tokens, and a `serde_json::Value` per token (an object per token with
+/// `with_pieces`) would hold many times the text in memory.
+fn tokenize_body(st: &AppState, f: &Fields) -> Result<Vec<u8>, ApiError> {
     let content = f
         .str("content")?
         .ok_or_else(|| ApiError::invalid("'content' is required").with("param", "content"))?;
@@ -215,22 +222,52 @@ fn tokenize_body(st: &AppState, f: &Fields) -> Result<Value, ApiError> {
     let ids = tok
         .encode(content, add_special, parse_special)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let tokens: Vec<Value> = if with_pieces {
-        ids.iter()
-            .map(|&id| {
-                let bytes = tok.piece(id, true).unwrap_or_default();
-                // A piece that is not valid UTF-8 on its own is given as its bytes.
-                let piece = match String::from_utf8(bytes) {
-                    Ok(s) => Value::String(s),
-                    Err(e) => json!(e.into_bytes()),
-                };
-                json!({"id": id, "piece": piece})
-            })
-            .collect()
-    } else {
-        ids.iter().map(|&id| json!(id)).collect()
+    let out = TokenizeOut {
+        tokens: Tokens {
+            ids: &ids,
+            tok,
+            with_pieces,
+        },
     };
-    Ok(json!({ "tokens": tokens }))
+    serde_json::to_vec(&out).map_err(|e| ApiError::server(e.to_string()))
+}
+
+#[derive(serde::Serialize)]
+struct TokenizeOut<'a> {
+    tokens: Tokens<'a>,
+}
+
+/// Token ids, or `{"id", "piece"}` objects with `with_pieces` (a piece that is not valid UTF-8
+/// on its own is given as its bytes, as llama-server does).
+struct Tokens<'a> {
+    ids: &'a [u32],
+    tok: &'a specd_tokenizer::Tokenizer,
+    with_pieces: bool,
+}
+
+impl serde::Serialize for Tokens<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.ids.len()))?;
+        for &id in self.ids {
+            if !self.with_pieces {
+                seq.serialize_element(&id)?;
+                continue;
+            }
+            let bytes = self.tok.piece(id, true).unwrap_or_default();
+            match std::str::from_utf8(&bytes) {
+                Ok(text) => seq.serialize_element(&Piece { id, piece: text })?,
+                Err(_) => seq.serialize_element(&Piece { id, piece: &bytes })?,
+            }
+        }
+        seq.end()
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Piece<P: serde::Serialize> {
+    id: u32,
+    piece: P,
 }
 
 /// `POST /detokenize`: `tokens` → `content` (special tokens rendered, as llama-server does).

@@ -157,6 +157,8 @@ pub struct GenParams {
     pub grammar: Option<GrammarSpec>,
     /// The thinking budget of a chat request (set by the chat path, which knows the template).
     pub reasoning_budget: Option<specd_sampling::ReasoningBudget>,
+    /// `t_max_predict_ms` (0 or absent: none).
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// Which API the request came through (their field names differ a little).
@@ -287,6 +289,10 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
         id_slot,
         grammar,
         reasoning_budget: None,
+        time_limit: match f.i64("t_max_predict_ms")? {
+            Some(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms as u64)),
+            _ => None,
+        },
     })
 }
 

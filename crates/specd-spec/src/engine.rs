@@ -57,6 +57,10 @@ pub struct SequenceRequest {
     /// Whose kept memory the request may reuse: memory is only ever reused within the scope
     /// of the request that made it (the server's per-API-key and `cache_salt` partition).
     pub cache_scope: u64,
+    /// llama-server's `t_max_predict_ms`: once generation has run this long, the sequence ends
+    /// (as `n_predict` would) at the next token that contains a newline — a time limit for
+    /// editor completions that still cuts at a line end.
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// The logit biases a request samples with: its own, then `-inf` on every end-of-generation
@@ -89,6 +93,7 @@ impl SequenceRequest {
             reasoning_budget: None,
             cache_prompt: true,
             cache_scope: 0,
+            time_limit: None,
         }
     }
 }
@@ -986,6 +991,12 @@ impl Engine {
             if s.generated.len() >= s.req.n_predict {
                 finish = Some((FinishReason::Limit, None));
                 break;
+            }
+            if let (Some(limit), Some(t0)) = (s.req.time_limit, s.gen_start) {
+                if tok.token_to_bytes(t).contains(&b'\n') && t0.elapsed() > limit {
+                    finish = Some((FinishReason::Limit, None));
+                    break;
+                }
             }
         }
         // Text goes out complete (UTF-8) and final (no tail that may become a stop string).

@@ -168,10 +168,7 @@ impl ChatTemplate {
         let builtin = crate::templates::is_builtin(&source);
         let keep_developer = source.contains("<|channel|>");
         let env = template_env::environment(source.clone())?;
-        let caps = {
-            let t = env.get_template("chat")?;
-            template_caps::probe(&source, |ctx| t.render(ctx))
-        };
+        let caps = { template_caps::probe(&source, |ctx| template_env::render(&env, ctx)) };
         let mut defaults = Map::new();
         // llama-server keeps the reasoning of earlier turns unless told not to
         // (`--no-reasoning-preserve`).
@@ -232,8 +229,9 @@ impl ChatTemplate {
             .now
             .unwrap_or_else(|| chrono::Local::now().naive_local());
         let ctx = self.context(inputs, now)?;
-        let t = self.env.get_template("chat")?;
-        let mut out = template_env::at(now, || t.render(Value::from_serialize(&ctx)))?;
+        let mut out = template_env::at(now, || {
+            template_env::render(&self.env, Value::from_serialize(&ctx))
+        })?;
         if self.strip_bos && out.starts_with(&self.bos) {
             out.drain(..self.bos.len());
         }

@@ -12,6 +12,7 @@
 
 pub mod bytes;
 mod chat;
+mod chunk;
 pub mod pretokenizer;
 mod template_caps;
 mod template_env;

@@ -96,6 +96,46 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
+/// Renders the template "chat" of `env` with `ctx`. llama.cpp's engine reads an undefined
+/// operand of `+` next to a string as an empty string (firefunction-v2 appends its never-set
+/// `functions` to the system prompt); minijinja, like Python's Jinja2, refuses. On exactly that
+/// refusal the template is rendered again with every variable it reads but that neither it, the
+/// context nor the environment defines bound to an empty string — the output llama-server
+/// gives. (Within that second render such a variable also tests as defined; templates that
+/// render the first time are never affected.)
+pub(crate) fn render(env: &Environment<'_>, ctx: Value) -> Result<String, Error> {
+    let t = env.get_template("chat")?;
+    let err = match t.render(&ctx) {
+        Ok(out) => return Ok(out),
+        Err(e) => e,
+    };
+    let concat_with_undefined = err.kind() == ErrorKind::InvalidOperation
+        && err.to_string().contains("operator on unsupported types")
+        && err.to_string().contains("undefined");
+    if !concat_with_undefined {
+        return Err(err);
+    }
+    let mut vars = std::collections::BTreeMap::new();
+    if let Ok(keys) = ctx.try_iter() {
+        for k in keys {
+            if let (Some(name), Ok(v)) = (k.as_str(), ctx.get_item(&k)) {
+                vars.insert(name.to_string(), v);
+            }
+        }
+    }
+    let mut added = false;
+    for name in t.undeclared_variables(false) {
+        if !vars.contains_key(&name) && !env.globals().any(|(g, _)| g == name) {
+            vars.insert(name, Value::from(""));
+            added = true;
+        }
+    }
+    if !added {
+        return Err(err);
+    }
+    t.render(Value::from(vars))
+}
+
 /// An environment holding `source` as the template "chat".
 pub(crate) fn environment(source: String) -> Result<Environment<'static>, TokenizerError> {
     let mut env = Environment::new();

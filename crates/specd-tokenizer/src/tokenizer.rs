@@ -1,6 +1,6 @@
 //! The tokenizer a model file describes.
 
-use crate::{bytes, pretokenizer, ChatTemplate, TokenizerError};
+use crate::{bytes, chunk, pretokenizer, ChatTemplate, TokenizerError};
 use std::collections::HashMap;
 use tokenizers::models::bpe::BPE;
 use tokenizers::{ModelWrapper, PreTokenizerWrapper, TokenizerImpl};
@@ -178,7 +178,13 @@ pub struct Tokenizer {
     ids: HashMap<String, u32>,
     eog: Vec<u32>,
     spec: TokenizerSpec,
+    /// Texts are encoded in pieces of about this many bytes (`chunk.rs`).
+    piece_bytes: usize,
 }
+
+/// Piece size for long texts: large enough that the per-piece overhead vanishes, small enough
+/// that the encoder's bookkeeping (a few hundred bytes per input byte) stays in the tens of MB.
+const PIECE_BYTES: usize = 64 * 1024;
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -337,7 +343,14 @@ impl Tokenizer {
             ids: vocab,
             eog,
             spec,
+            piece_bytes: PIECE_BYTES,
         })
+    }
+
+    /// Sets the piece size long texts are encoded in (the ids never depend on it; tests use
+    /// small pieces to cut often).
+    pub fn set_piece_bytes(&mut self, bytes: usize) {
+        self.piece_bytes = bytes.max(1);
     }
 
     /// Number of tokens.
@@ -464,12 +477,16 @@ impl Tokenizer {
             frags = next;
         }
         // Only the ids are read: `encode_fast` skips the offset conversion `encode` does for
-        // every token (same ids; about 3× faster on long texts, BENCHMARKS.md).
+        // every token (same ids; about 3× faster on long texts, BENCHMARKS.md). Long texts go
+        // in pieces cut where the pre-tokenizer splits anyway (same ids, memory bounded by the
+        // piece: `chunk.rs`).
         for f in frags {
             match f {
                 Frag::Token(id) => out.push(id),
                 Frag::Text(s) => {
-                    out.extend_from_slice(self.backend.encode_fast(s, false)?.get_ids())
+                    for piece in chunk::pieces(s, self.piece_bytes) {
+                        out.extend_from_slice(self.backend.encode_fast(piece, false)?.get_ids())
+                    }
                 }
             }
         }

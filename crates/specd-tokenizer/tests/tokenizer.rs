@@ -235,3 +235,86 @@ fn fim_tokens_from_metadata_or_text() {
         FimTokens::default()
     );
 }
+
+/// Long texts are encoded in pieces cut where the pre-tokenizer splits anyway: for every split
+/// rule, any text gives the same ids whatever the piece size (1 byte cuts at every safe place).
+mod pieces {
+    use super::*;
+    use proptest::prelude::*;
+
+    const FRAGMENTS: &[&str] = &[
+        "ab",
+        "Word",
+        "x",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r\n",
+        " \n",
+        "'s",
+        "'",
+        "don't",
+        "12",
+        "3456",
+        ";",
+        "(",
+        ")",
+        "{}",
+        "==",
+        ".",
+        "-",
+        "_",
+        "#",
+        "$",
+        "<|im_start|>",
+        "<|im_end|>",
+        "é",
+        "\u{301}",
+        "日本",
+        "語",
+        "。",
+        "🦀",
+        "\u{3000}",
+        "\u{a0}",
+        "def ",
+        "return n\n",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+        #[test]
+        fn piece_size_never_changes_the_ids(
+            parts in prop::collection::vec(0..FRAGMENTS.len(), 0..120),
+            piece in 1usize..24,
+            parse_special in any::<bool>(),
+        ) {
+            let text: String = parts.iter().map(|&i| FRAGMENTS[i]).collect();
+            for pre in ["qwen35", "qwen2", "llama-bpe", "gpt2", "default"] {
+                let whole = tokenizer(pre);
+                let mut cut = whole.clone();
+                cut.set_piece_bytes(piece);
+                let mut whole = whole;
+                whole.set_piece_bytes(usize::MAX);
+                prop_assert_eq!(
+                    cut.encode(&text, true, parse_special).unwrap(),
+                    whole.encode(&text, true, parse_special).unwrap(),
+                    "pre {} text {:?}", pre, text
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_code_text_gives_the_same_ids_in_pieces() {
+        let text = CORPUS.repeat(300);
+        for pre in ["qwen35", "default"] {
+            let mut t = tokenizer(pre);
+            t.set_piece_bytes(1000);
+            let cut = t.encode(&text, false, false).unwrap();
+            t.set_piece_bytes(usize::MAX);
+            assert_eq!(cut, t.encode(&text, false, false).unwrap(), "pre {pre}");
+        }
+    }
+}

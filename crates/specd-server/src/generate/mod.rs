@@ -175,6 +175,7 @@ pub(crate) fn prepare(
     r.reasoning_budget = g.reasoning_budget.clone();
     r.cache_prompt = g.cache_prompt;
     r.cache_scope = g.cache_scope;
+    r.time_limit = g.time_limit;
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
         if r.draft_model.is_none() {
