@@ -43,6 +43,7 @@ MODELS = [
     ("llama-small", ["--preset", "llama-small", "--type", "f32"]),
     ("qwen35moe-tiny", ["--preset", "qwen35moe-tiny", "--type", "f32"]),
     ("qwen35moe-small", ["--preset", "qwen35moe-small", "--type", "f32"]),
+    ("qwen35moe-small+mtp", ["--preset", "qwen35moe-small", "--type", "f32", "--mtp"]),
     ("qwen35-code-target (trained)", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                   "shared", "models", "qwen35-code-target-f32.gguf")),
 ]
@@ -140,7 +141,7 @@ def load_check(bin_dir, specd, tmp):
             variants = [("varied", [])]
             if preset.endswith("tiny"):
                 variants.append(("repetitive (tied head)", ["--style", "repetitive"]))
-            if preset.startswith("qwen35-"):
+            if preset.startswith("qwen35"):
                 variants.append(("varied + MTP block", ["--mtp"]))
             for vname, extra in variants:
                 path = os.path.join(tmp, "load-check.gguf")

@@ -30,7 +30,7 @@ fn models() -> &'static Models {
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        // Qwen3.5 models carry an MTP head, so `draft-mtp` is exercised too.
+        // Qwen3.5 models (dense and MoE) carry an MTP head, so `draft-mtp` is exercised too.
         Models {
             hybrid: test_model(
                 d,
@@ -63,7 +63,7 @@ fn models() -> &'static Models {
                 Preset::Qwen35MoeTiny,
                 WeightStyle::Varied,
                 6,
-                false,
+                true,
             ),
             draft: test_model(
                 d,
@@ -240,7 +240,7 @@ proptest! {
             3 => &m.kquant,
             _ => &m.moe,
         };
-        // Only the dense Qwen3.5 files have an MTP head.
+        // Only the Qwen3.5 files (dense and MoE) have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };
         let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;

@@ -211,7 +211,12 @@ impl Builder<'_> {
             self.norm(&format!("blk.{i}.attn_norm.weight"), h);
             self.attention(i, true, true);
             self.norm(&format!("blk.{i}.post_attention_norm.weight"), h);
-            self.ffn(i);
+            // The MTP block's FFN is the trunk's kind.
+            if spec.arch == TestArch::Qwen35Moe {
+                self.moe(i);
+            } else {
+                self.ffn(i);
+            }
         }
         self.tensors
     }
@@ -480,8 +485,8 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
         return bad("ssm value heads must be a multiple of key heads".into());
     }
     // Row lengths that fit no block of the chosen types are reported by the type plan.
-    if s.arch != TestArch::Qwen35 && s.mtp {
-        return bad("MTP blocks exist only for qwen35".into());
+    if !s.arch.is_hybrid() && s.mtp {
+        return bad("MTP blocks exist only for the Qwen3.5 hybrids".into());
     }
     if s.arch == TestArch::Qwen35Moe
         && (s.n_expert == 0

@@ -109,18 +109,29 @@ pub fn load(l: &Loader, c: &ModelConfig) -> Result<Box<dyn Trunk>, ModelError> {
     let hc = HybridConfig::from_gguf(l.g, c)?;
     let n_ff = per_layer(l.g, &c.key("feed_forward_length"), c.block_count())?;
     let mut t = HybridTrunk::load(l, c, &hc, |i| Ffn::load(l, i, c.n_embd, n_ff[i]))?;
-    if c.n_nextn > 0 {
-        if c.n_nextn != 1 {
-            return Err(ModelError::Invalid(format!(
-                "{} MTP blocks (only 1 is supported)",
-                c.n_nextn
-            )));
-        }
-        let i = c.n_layer;
-        let shape = super::llama::attn_shape(c);
-        t.mtp = Some(Mtp::load(l, i, c.n_embd, c.n_vocab, n_ff[i], shape, c.eps)?);
-    }
+    t.mtp = load_mtp(l, c, |i| Ok(Box::new(Ffn::load(l, i, c.n_embd, n_ff[i])?)))?;
     Ok(Box::new(t))
+}
+
+/// The file's MTP block (`blk.{n_layer}`) if it has one, its FFN from `ffn(i)`.
+pub fn load_mtp(
+    l: &Loader,
+    c: &ModelConfig,
+    ffn: impl FnOnce(usize) -> Result<Box<dyn FeedForward>, ModelError>,
+) -> Result<Option<Mtp>, ModelError> {
+    if c.n_nextn == 0 {
+        return Ok(None);
+    }
+    if c.n_nextn != 1 {
+        return Err(ModelError::Invalid(format!(
+            "{} MTP blocks (only 1 is supported)",
+            c.n_nextn
+        )));
+    }
+    let i = c.n_layer;
+    let shape = super::llama::attn_shape(c);
+    let f = ffn(i)?;
+    Ok(Some(Mtp::load(l, i, c.n_embd, c.n_vocab, f, shape, c.eps)?))
 }
 
 /// Gated DeltaNet and gated-attention blocks with FFN `F`.
