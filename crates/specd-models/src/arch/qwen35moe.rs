@@ -7,7 +7,7 @@
 //! block (`blk.{n_layer}`, when the file has one) is a gated-attention block with the same MoE
 //! FFN.
 
-use super::qwen35::{load_mtp, HybridConfig, HybridTrunk};
+use super::qwen35::{load_mtp, qwen35_gdn, HybridConfig, HybridTrunk};
 use super::Trunk;
 use crate::config::{first_of_per_layer, ModelConfig};
 use crate::layers::moe::{MoeConfig, MoeFfn};
@@ -71,7 +71,8 @@ impl Qwen35MoeConfig {
 
 pub fn load(l: &Loader, c: &ModelConfig) -> Result<Box<dyn Trunk>, ModelError> {
     let own = Qwen35MoeConfig::from_gguf(l.g, c)?;
-    let mut t = HybridTrunk::load(l, c, &own.hybrid, |i| {
+    let gdn = qwen35_gdn(l, c, &own.hybrid);
+    let mut t = HybridTrunk::load(l, c, &own.hybrid, gdn, |i| {
         MoeFfn::load(l, i, c.n_embd, &own.moe)
     })?;
     // The MTP block is a gated-attention block with the trunk's MoE FFN.
