@@ -1,7 +1,7 @@
-//! A qwen35moe file served over HTTP (issue 16): it loads, reports its architecture, and
-//! speculative decoding returns exactly the plain tokens — alone and with two slots decoding at
-//! once, where the rows of each batch route to different experts. Real binary, real HTTP, the
-//! tiny MoE preset with repetitive weights (so the n-gram drafter finds drafts). A MoE file with
+//! qwen35moe and qwen3next files served over HTTP (issue 16): each loads, reports its
+//! architecture, and speculative decoding returns exactly the plain tokens — alone and with two
+//! slots decoding at once, where the rows of each batch route to different experts. Real binary, real HTTP, the
+//! tiny MoE presets with repetitive weights (so the n-gram drafter finds drafts). A MoE file with
 //! an MTP block drafts with `draft-mtp` (the block's FFN is the MoE FFN) and stays exact too.
 
 use serde_json::{json, Value};
@@ -29,10 +29,17 @@ fn plain(body: &Value) -> Value {
 
 #[test]
 fn a_moe_model_is_served_and_speculation_stays_exact() {
-    let (_dir, model) = common::make_model(
-        "moe.gguf",
-        &["--preset", "qwen35moe-tiny", "--style", "repetitive"],
-    );
+    served_exactly("qwen35moe-tiny", "qwen35moe");
+}
+
+#[test]
+fn a_qwen3next_model_is_served_and_speculation_stays_exact() {
+    served_exactly("qwen3next-tiny", "qwen3next");
+}
+
+fn served_exactly(preset: &str, arch: &str) {
+    let (_dir, model) =
+        common::make_model("moe.gguf", &["--preset", preset, "--style", "repetitive"]);
     let s = Server::start_with(
         &model,
         &[
@@ -46,9 +53,9 @@ fn a_moe_model_is_served_and_speculation_stays_exact() {
         &[],
     );
     let models = s.get("/v1/models").json();
-    assert_eq!(models["data"][0]["meta"]["arch"], "qwen35moe", "{models}");
+    assert_eq!(models["data"][0]["meta"]["arch"], arch, "{models}");
     let props = s.get("/props").json();
-    assert_eq!(props["specd"]["arch"], "qwen35moe", "{props}");
+    assert_eq!(props["specd"]["arch"], arch, "{props}");
 
     let mut plain_tokens = Vec::new();
     for p in PROMPTS {
@@ -78,8 +85,16 @@ fn a_moe_model_is_served_and_speculation_stays_exact() {
 
 #[test]
 fn the_moe_mtp_block_drafts_and_speculation_stays_exact() {
-    let (_dir, model) =
-        common::make_model("moe-mtp.gguf", &["--preset", "qwen35moe-tiny", "--mtp"]);
+    mtp_drafts_exactly("qwen35moe-tiny");
+}
+
+#[test]
+fn the_qwen3next_mtp_block_drafts_and_speculation_stays_exact() {
+    mtp_drafts_exactly("qwen3next-tiny");
+}
+
+fn mtp_drafts_exactly(preset: &str) {
+    let (_dir, model) = common::make_model("moe-mtp.gguf", &["--preset", preset, "--mtp"]);
     let s = Server::start_with(&model, &["-np", "2"], &[]);
     // Random weights make the head unconfident: draft anyway (p_min 0), so drafts are rejected
     // and rolled back as well as accepted.

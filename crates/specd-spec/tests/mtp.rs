@@ -88,6 +88,12 @@ fn incremental_mirror_equals_one_pass_on_moe() {
     mirror_equals_one_pass(Preset::Qwen35MoeTiny);
 }
 
+/// Qwen3-Next's MTP block (NEOX rotary, MoE FFN).
+#[test]
+fn incremental_mirror_equals_one_pass_on_qwen3next() {
+    mirror_equals_one_pass(Preset::Qwen3NextTiny);
+}
+
 fn mirror_equals_one_pass(preset: Preset) {
     let (_d, m) = model(preset);
     assert!(m.has_mtp());
