@@ -496,7 +496,9 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
     }
     // Row lengths that fit no block of the chosen types are reported by the type plan.
     if !s.arch.is_hybrid() && s.mtp {
-        return bad("MTP blocks exist only for the Qwen3.5 hybrids".into());
+        return bad(
+            "MTP blocks exist only for the Qwen3.5 family (qwen35, qwen35moe, qwen3next)".into(),
+        );
     }
     if s.arch.is_moe()
         && (s.n_expert == 0
