@@ -43,6 +43,10 @@ MODELS = [
     ("llama-small", ["--preset", "llama-small", "--type", "f32"]),
     ("qwen35moe-tiny", ["--preset", "qwen35moe-tiny", "--type", "f32"]),
     ("qwen35moe-small", ["--preset", "qwen35moe-small", "--type", "f32"]),
+    ("qwen35moe-small+mtp", ["--preset", "qwen35moe-small", "--type", "f32", "--mtp"]),
+    ("qwen3next-tiny", ["--preset", "qwen3next-tiny", "--type", "f32"]),
+    ("qwen3next-small", ["--preset", "qwen3next-small", "--type", "f32"]),
+    ("qwen3next-small+mtp", ["--preset", "qwen3next-small", "--type", "f32", "--mtp"]),
     ("qwen35-code-target (trained)", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                   "shared", "models", "qwen35-code-target-f32.gguf")),
 ]
@@ -51,7 +55,7 @@ MODELS = [
 BIG_MODELS = [("qwen35-0.8b", ["--preset", "qwen35-0.8b", "--type", "f32"])]
 # With --load-check: every test-model variant must load and generate in llama.cpp (llama-simple).
 LOAD_PRESETS = ["qwen35-tiny", "qwen35-small", "qwen35-0.8b", "llama-tiny", "llama-small", "qwen35moe-tiny",
-                "qwen35moe-small"]
+                "qwen35moe-small", "qwen3next-tiny", "qwen3next-small"]
 LOAD_TYPES = ["f32", "f16", "q8_0"]
 SERVER_FLAGS = ["-c", "2048", "-t", "2", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-np", "1", "--no-warmup"]
 N_PROBS = 5
@@ -140,7 +144,7 @@ def load_check(bin_dir, specd, tmp):
             variants = [("varied", [])]
             if preset.endswith("tiny"):
                 variants.append(("repetitive (tied head)", ["--style", "repetitive"]))
-            if preset.startswith("qwen35-"):
+            if preset.startswith("qwen3"):
                 variants.append(("varied + MTP block", ["--mtp"]))
             for vname, extra in variants:
                 path = os.path.join(tmp, "load-check.gguf")

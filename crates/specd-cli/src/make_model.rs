@@ -26,7 +26,7 @@ pub struct MakeModelArgs {
     /// unit embeddings: looping output).
     #[arg(long, default_value = "varied")]
     style: String,
-    /// Append an MTP (NextN) block (qwen35 only).
+    /// Append an MTP (NextN) block (the Qwen3.5 family: qwen35, qwen35moe, qwen3next presets).
     #[arg(long)]
     mtp: bool,
     /// Leave out the fill-in-the-middle tokens (a model that cannot infill).

@@ -4,6 +4,7 @@
 
 use crate::ModelError;
 use specd_gguf::GgufFile;
+use specd_ops::delta_net::GdnShape;
 use specd_ops::rope::RopeMode;
 
 pub use crate::arch::Arch;
@@ -28,6 +29,9 @@ pub struct SsmConfig {
     pub n_v_heads: usize,
     /// D_v = n_v · d_v.
     pub inner: usize,
+    /// Value head `j` reads key head `j % n_k` (qwen35's GGUFs, whose value heads the converter
+    /// reorders) rather than `j / (n_v / n_k)` (qwen3next's, grouped by key head).
+    pub tiled: bool,
 }
 
 impl SsmConfig {
@@ -39,6 +43,16 @@ impl SsmConfig {
     }
     pub fn conv_dim(&self) -> usize {
         2 * self.key_dim() + self.inner
+    }
+    /// The recurrence's head shape.
+    pub fn gdn_shape(&self) -> GdnShape {
+        GdnShape {
+            n_k: self.n_group,
+            n_v: self.n_v_heads,
+            d_k: self.d_state,
+            d_v: self.d_v(),
+            tiled: self.tiled,
+        }
     }
 }
 

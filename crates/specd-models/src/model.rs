@@ -189,13 +189,7 @@ impl Model {
                     d_v: 0,
                     tiled: true,
                 },
-                |s| GdnShape {
-                    n_k: s.n_group,
-                    n_v: s.n_v_heads,
-                    d_k: s.d_state,
-                    d_v: s.d_v(),
-                    tiled: true,
-                },
+                |s| s.gdn_shape(),
             ),
         }
     }

@@ -15,6 +15,8 @@ struct Fixture {
     /// qwen35moe: rows of a batch route to different experts.
     moe: Arc<Model>,
     moe_q8: Arc<Model>,
+    /// qwen3next: MoE, NEOX rotary, DeltaNet inputs from fused grouped projections.
+    next: Arc<Model>,
 }
 
 fn fx() -> &'static Fixture {
@@ -54,6 +56,7 @@ fn fx() -> &'static Fixture {
                 Preset::Qwen35MoeTiny,
                 Some(specd_gguf::TensorType::Q8_0),
             ),
+            next: mk("n.gguf", Preset::Qwen3NextTiny, None),
             _dir: dir,
         }
     })
@@ -83,9 +86,9 @@ fn one_by_one(m: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn models() -> [&'static Arc<Model>; 5] {
+fn models() -> [&'static Arc<Model>; 6] {
     let f = fx();
-    [&f.qwen, &f.qwen_q8, &f.llama, &f.moe, &f.moe_q8]
+    [&f.qwen, &f.qwen_q8, &f.llama, &f.moe, &f.moe_q8, &f.next]
 }
 
 proptest! {
@@ -96,7 +99,7 @@ proptest! {
     #[test]
     fn batch_invariance(tokens in proptest::collection::vec(0u32..1000, 2..20),
                         other in proptest::collection::vec(0u32..1000, 1..10),
-                        mi in 0usize..5) {
+                        mi in 0usize..6) {
         let m = models()[mi];
         let reference = one_by_one(m, &tokens);
         // All tokens in one batch, interleaved with another sequence's rows.
@@ -126,7 +129,7 @@ proptest! {
     #[test]
     fn rollback_equals_never_decoded(prefix in proptest::collection::vec(0u32..1000, 1..12),
                                      draft in proptest::collection::vec(0u32..1000, 1..8),
-                                     reject in 1usize..8, mode in 0usize..3, mi in 0usize..5) {
+                                     reject in 1usize..8, mode in 0usize..3, mi in 0usize..6) {
         let m = models()[mi];
         let reject = reject.min(draft.len());
         let keep = draft.len() - reject;

@@ -170,7 +170,7 @@ fn unknown_and_unsupported_architectures() {
     let e = load_err(&f.qwen, "arch-unknown", with_arch("gpt-foo"), keep_t);
     assert!(matches!(e, ModelError::UnknownArch(_)), "{e:?}");
     assert_names(&e, "'gpt-foo'");
-    for arch in ["qwen3next", "qwen3moe"] {
+    for arch in ["qwen3moe", "gemma3"] {
         let e = load_err(&f.qwen, "arch-moe", with_arch(arch), keep_t);
         assert!(matches!(e, ModelError::UnsupportedArch(_)), "{e:?}");
         assert_names(&e, arch);

@@ -1,5 +1,6 @@
-//! qwen35moe files: the merged gate/up expert tensor computes what the separate ones do, the
-//! test presets route tokens to varied experts, and malformed MoE files are named errors.
+//! qwen35moe and qwen3next files: the merged gate/up expert tensor (and qwen3next's older fused
+//! `ssm_in`) computes what the separate ones do, the test presets route tokens to varied
+//! experts, and malformed MoE files are named errors.
 
 use specd_gguf::{GgufFile, GgufValue, GgufWriter};
 use specd_memory::{MemoryConfig, RollbackMode};
@@ -177,4 +178,109 @@ fn malformed_moe_files_are_named_errors() {
     // A missing expert tensor.
     let e = rewrite_err(&src, &dst, |_| Edit::Keep, "blk.2.ffn_down_exps.weight");
     assert!(e.to_string().contains("blk.2.ffn_down_exps.weight"), "{e}");
+}
+
+fn next_tiny(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("next.gguf");
+    let mut spec = TestModelSpec::preset(Preset::Qwen3NextTiny);
+    spec.mtp = true;
+    write_model(&spec, &p).unwrap();
+    p
+}
+
+/// Copies a qwen3next file with each DeltaNet's `attn_qkv` and `attn_gate` fused into one
+/// `ssm_in`, grouped by key head (`q | k | v | z` per key head), as earlier converters wrote.
+fn fuse_ssm_in(src: &Path, dst: &Path, spec: &TestModelSpec) {
+    let g = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add(k, v.clone());
+    }
+    let (nk, dk) = (spec.ssm_n_group, spec.ssm_d_state);
+    let vg = spec.ssm_inner() / nk;
+    for t in g.tensors() {
+        if t.name.contains("attn_gate") {
+            continue;
+        }
+        let bytes = g.tensor(&t.name).unwrap().bytes().to_vec();
+        let Some(blk) = t.name.strip_suffix("attn_qkv.weight") else {
+            w.add_tensor(&t.name, &t.dims, t.ttype, bytes).unwrap();
+            continue;
+        };
+        let z = g
+            .tensor(&format!("{blk}attn_gate.weight"))
+            .unwrap()
+            .bytes()
+            .to_vec();
+        let rb = bytes.len() / t.dims[1] as usize;
+        let rows = |m: &[u8], r0: usize, n: usize| m[r0 * rb..(r0 + n) * rb].to_vec();
+        let mut fused = Vec::new();
+        for k in 0..nk {
+            fused.extend(rows(&bytes, k * dk, dk));
+            fused.extend(rows(&bytes, nk * dk + k * dk, dk));
+            fused.extend(rows(&bytes, 2 * nk * dk + k * vg, vg));
+            fused.extend(rows(&z, k * vg, vg));
+        }
+        let dims = [t.dims[0], (fused.len() / rb) as u64];
+        w.add_tensor(&format!("{blk}ssm_in.weight"), &dims, t.ttype, fused)
+            .unwrap();
+    }
+    w.write(dst).unwrap();
+}
+
+#[test]
+fn qwen3next_fused_ssm_in_computes_the_same_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let split = next_tiny(dir.path());
+    let fused = dir.path().join("fused.gguf");
+    let spec = TestModelSpec::preset(Preset::Qwen3NextTiny);
+    fuse_ssm_in(&split, &fused, &spec);
+    let g = GgufFile::open(&fused).unwrap();
+    assert!(g.has_tensor("blk.0.ssm_in.weight"));
+    assert!(!g.has_tensor("blk.0.attn_qkv.weight"));
+    let tokens = [5u32, 77, 301, 9, 512, 3, 44];
+    let a = logits(&split, &tokens);
+    let b = logits(&fused, &tokens);
+    assert!(a == b, "the fused ssm_in changed the logits");
+    let m = Model::load(&split, opts()).unwrap();
+    assert!(m.has_mtp());
+}
+
+#[test]
+fn qwen3next_routes_tokens_to_varied_experts_and_names_missing_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = next_tiny(dir.path());
+    let g = GgufFile::open(&p).unwrap();
+    let spec = TestModelSpec::preset(Preset::Qwen3NextTiny);
+    let (h, ne, k) = (spec.n_embd, spec.n_expert, spec.n_expert_used);
+    let emb = g.tensor("token_embd.weight").unwrap().to_f32().unwrap();
+    let router = g
+        .tensor("blk.1.ffn_gate_inp.weight")
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let mut firsts = BTreeSet::new();
+    let mut sel = Vec::new();
+    for t in 0..200 {
+        let x = &emb[t * h..(t + 1) * h];
+        let l: Vec<f32> = (0..ne)
+            .map(|e| (0..h).map(|i| router[e * h + i] * x[i]).sum())
+            .collect();
+        route(&l, k, &mut sel);
+        firsts.insert(sel[0].0);
+    }
+    assert_eq!(
+        firsts.len(),
+        ne,
+        "every expert is some token's first choice"
+    );
+    let dst = dir.path().join("bad.gguf");
+    for t in [
+        "blk.0.ssm_ba.weight",
+        "blk.0.attn_qkv.weight",
+        "blk.4.ffn_gate_inp.weight",
+    ] {
+        let e = rewrite_err(&p, &dst, |_| Edit::Keep, t);
+        assert!(e.to_string().contains(t), "{e}");
+    }
 }

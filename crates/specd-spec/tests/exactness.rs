@@ -22,6 +22,8 @@ struct Models {
     kquant: Arc<Model>,
     /// qwen35moe: the rows of a verification batch route to different experts.
     moe: Arc<Model>,
+    /// qwen3next: MoE, NEOX rotary, DeltaNet value heads grouped by key head.
+    next: Arc<Model>,
     draft: Arc<Model>,
 }
 
@@ -30,7 +32,8 @@ fn models() -> &'static Models {
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        // Qwen3.5 models carry an MTP head, so `draft-mtp` is exercised too.
+        // The Qwen3.5 family's models (dense, MoE, Qwen3-Next) carry an MTP head, so
+        // `draft-mtp` is exercised too.
         Models {
             hybrid: test_model(
                 d,
@@ -63,7 +66,15 @@ fn models() -> &'static Models {
                 Preset::Qwen35MoeTiny,
                 WeightStyle::Varied,
                 6,
-                false,
+                true,
+            ),
+            next: test_model(
+                d,
+                "n.gguf",
+                Preset::Qwen3NextTiny,
+                WeightStyle::Varied,
+                7,
+                true,
             ),
             draft: test_model(
                 d,
@@ -218,7 +229,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..5,
+        model_kind in 0usize..6,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -238,9 +249,10 @@ proptest! {
             1 => &m.repetitive,
             2 => &m.llama,
             3 => &m.kquant,
-            _ => &m.moe,
+            4 => &m.moe,
+            _ => &m.next,
         };
-        // Only the dense Qwen3.5 files have an MTP head.
+        // Only the Qwen3.5 family's files (dense, MoE, Qwen3-Next) have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };
         let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;
@@ -355,5 +367,45 @@ fn logit_bias_and_post_sampling_probs_are_the_same_with_speculation() {
         assert!(a.top.iter().all(|&(t, lp)| t != 14 && lp <= 0.0));
         // top-k 40 / top-p / min-p leave few candidates: the chosen one is among them.
         assert!(a.logprob <= 0.0 && a.logprob > f32::NEG_INFINITY);
+    }
+}
+
+/// The MoE models' MTP heads (qwen35moe, qwen3next) under every rollback mode and sampler, two
+/// sequences at once: the proptest above reaches each of these combinations only by chance.
+#[test]
+fn moe_mtp_heads_keep_speculation_exact() {
+    let m = models();
+    let prompts = [vec![5u32, 9, 14, 3, 200, 31], vec![77u32, 8, 512, 40]];
+    for model in [&m.moe, &m.next] {
+        assert!(model.has_mtp());
+        for samp in 0..4 {
+            let base: Vec<SequenceRequest> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut r = SequenceRequest::greedy(p.clone(), 24);
+                    r.sampler = sampler(samp, 11 + i as u32);
+                    r.ignore_eos = true;
+                    r
+                })
+                .collect();
+            let plain = run(model, base.clone(), RollbackKind::Fast);
+            for rollback in [
+                RollbackKind::Fast,
+                RollbackKind::Snapshot,
+                RollbackKind::Checkpoint,
+            ] {
+                let reqs: Vec<SequenceRequest> = base
+                    .iter()
+                    .cloned()
+                    .map(|mut r| {
+                        r.spec = spec_for("draft-mtp", 4);
+                        r
+                    })
+                    .collect();
+                let specd = run(model, reqs, rollback);
+                assert_eq!(plain, specd, "sampler {samp} rollback {rollback:?}");
+            }
+        }
     }
 }

@@ -8,9 +8,9 @@ use specd_spec::drafter::Drafter;
 use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::sync::Arc;
 
-fn model() -> (tempfile::TempDir, Arc<Model>) {
+fn model(preset: Preset) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
+    let mut spec = TestModelSpec::preset(preset);
     spec.style = WeightStyle::Varied;
     spec.mtp = true;
     let p = dir.path().join("m.gguf");
@@ -79,7 +79,24 @@ fn reference_draft(m: &Model, tokens: &[u32], n: usize) -> Vec<u32> {
 
 #[test]
 fn incremental_mirror_equals_one_pass() {
-    let (_d, m) = model();
+    mirror_equals_one_pass(Preset::Qwen35Tiny);
+}
+
+/// The MoE MTP block (router, experts, gated shared expert as its FFN).
+#[test]
+fn incremental_mirror_equals_one_pass_on_moe() {
+    mirror_equals_one_pass(Preset::Qwen35MoeTiny);
+}
+
+/// Qwen3-Next's MTP block (NEOX rotary, MoE FFN).
+#[test]
+fn incremental_mirror_equals_one_pass_on_qwen3next() {
+    mirror_equals_one_pass(Preset::Qwen3NextTiny);
+}
+
+fn mirror_equals_one_pass(preset: Preset) {
+    let (_d, m) = model(preset);
+    assert!(m.has_mtp());
     let h = m.config().n_embd;
     let seq: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
     let mut d = MtpDrafter::new(m.clone(), 256, 0.0).unwrap();

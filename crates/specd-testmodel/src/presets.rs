@@ -9,6 +9,9 @@ pub enum TestArch {
     Qwen35,
     /// qwen35 with a mixture-of-experts FFN in every block.
     Qwen35Moe,
+    /// Qwen3-Next: qwen35moe's blocks with NEOX rotary, fused DeltaNet β/α (`ssm_ba`) and value
+    /// heads grouped by key head.
+    Qwen3Next,
     Llama,
 }
 
@@ -18,12 +21,20 @@ impl TestArch {
         match self {
             TestArch::Qwen35 => "qwen35",
             TestArch::Qwen35Moe => "qwen35moe",
+            TestArch::Qwen3Next => "qwen3next",
             TestArch::Llama => "llama",
         }
     }
-    /// Gated DeltaNet + gated attention (the Qwen3.5 hybrids).
+    /// Gated DeltaNet + gated attention (the Qwen3.5 family's hybrids).
     pub fn is_hybrid(self) -> bool {
-        matches!(self, TestArch::Qwen35 | TestArch::Qwen35Moe)
+        matches!(
+            self,
+            TestArch::Qwen35 | TestArch::Qwen35Moe | TestArch::Qwen3Next
+        )
+    }
+    /// A mixture-of-experts FFN in every block.
+    pub fn is_moe(self) -> bool {
+        matches!(self, TestArch::Qwen35Moe | TestArch::Qwen3Next)
     }
 }
 
@@ -46,6 +57,12 @@ pub enum Preset {
     /// qwen35moe, 8 layers, hidden 256, 16 experts of width 128 (4 per token) + a shared
     /// expert of 256.
     Qwen35MoeSmall,
+    /// qwen3next, 4 layers, hidden 64, 8 experts of width 32 (2 per token) + a shared expert of
+    /// 64, NEOX rotary over 8 of 32 head dims, 2 value heads per key head — fast tests.
+    Qwen3NextTiny,
+    /// qwen3next, 8 layers, hidden 256, 16 experts of width 128 (4 per token) + a shared
+    /// expert of 256, rotary over 16 of 64 head dims, 2 value heads per key head.
+    Qwen3NextSmall,
     /// llama, 2 layers, hidden 64.
     LlamaTiny,
     /// llama, 4 layers, hidden 256.
@@ -54,7 +71,8 @@ pub enum Preset {
 
 impl Preset {
     /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `qwen35-9b`,
-    /// `qwen35moe-tiny`, `qwen35moe-small`, `llama-tiny`, `llama-small`).
+    /// `qwen35moe-tiny`, `qwen35moe-small`, `qwen3next-tiny`, `qwen3next-small`, `llama-tiny`,
+    /// `llama-small`).
     pub fn parse(s: &str) -> Option<Preset> {
         Some(match s {
             "qwen35-tiny" => Preset::Qwen35Tiny,
@@ -63,19 +81,23 @@ impl Preset {
             "qwen35-9b" | "qwen35-9B" => Preset::Qwen35_9B,
             "qwen35moe-tiny" => Preset::Qwen35MoeTiny,
             "qwen35moe-small" => Preset::Qwen35MoeSmall,
+            "qwen3next-tiny" => Preset::Qwen3NextTiny,
+            "qwen3next-small" => Preset::Qwen3NextSmall,
             "llama-tiny" => Preset::LlamaTiny,
             "llama-small" => Preset::LlamaSmall,
             _ => return None,
         })
     }
     /// All preset names.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 10] = [
         "qwen35-tiny",
         "qwen35-small",
         "qwen35-0.8b",
         "qwen35-9b",
         "qwen35moe-tiny",
         "qwen35moe-small",
+        "qwen3next-tiny",
+        "qwen3next-small",
         "llama-tiny",
         "llama-small",
     ];
@@ -208,6 +230,42 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
             n_expert_used: 4,
             n_ff_exp: 128,
             n_ff_shexp: 256,
+            ..base
+        },
+        // Qwen3-Next-80B-A3B's proportions where a tiny model can have them: a quarter of the
+        // head rotated, twice as many DeltaNet value heads as key heads.
+        Preset::Qwen3NextTiny => TestModelSpec {
+            arch: TestArch::Qwen3Next,
+            name: "qwen3next-tiny".into(),
+            rope_sections: [0; 4],
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_exp: 32,
+            n_ff_shexp: 64,
+            seed: 43,
+            ..base
+        },
+        Preset::Qwen3NextSmall => TestModelSpec {
+            arch: TestArch::Qwen3Next,
+            name: "qwen3next-small".into(),
+            n_vocab: 4102,
+            n_vocab_trained: 4093,
+            n_embd: 256,
+            n_layer: 8,
+            n_ff: 768,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_rot: 16,
+            rope_sections: [0; 4],
+            ssm_d_state: 32,
+            ssm_n_group: 4,
+            ssm_n_v_heads: 8,
+            n_expert: 16,
+            n_expert_used: 4,
+            n_ff_exp: 128,
+            n_ff_shexp: 256,
+            seed: 43,
             ..base
         },
         Preset::LlamaTiny => TestModelSpec {

@@ -94,8 +94,13 @@ impl Builder<'_> {
         let (cd, inner, nv) = (s.conv_dim(), s.ssm_inner(), s.ssm_n_v_heads);
         self.matrix(&format!("blk.{i}.attn_qkv.weight"), cd, h, 1.0);
         self.matrix(&format!("blk.{i}.attn_gate.weight"), inner, h, 1.0);
-        self.matrix(&format!("blk.{i}.ssm_beta.weight"), nv, h, 1.0);
-        self.matrix(&format!("blk.{i}.ssm_alpha.weight"), nv, h, 1.0);
+        if s.arch == TestArch::Qwen3Next {
+            // β and α in one matrix, grouped by key head (see specd-models' qwen3next).
+            self.matrix(&format!("blk.{i}.ssm_ba.weight"), 2 * nv, h, 1.0);
+        } else {
+            self.matrix(&format!("blk.{i}.ssm_beta.weight"), nv, h, 1.0);
+            self.matrix(&format!("blk.{i}.ssm_alpha.weight"), nv, h, 1.0);
+        }
         let k = s.ssm_conv_kernel;
         self.push(
             &format!("blk.{i}.ssm_conv1d.weight"),
@@ -132,7 +137,7 @@ impl Builder<'_> {
         self.push(name, &[cols, rows, n], Gen::Normal { mean: 0.0, std });
     }
 
-    /// The MoE FFN of qwen35moe: router, stacked experts, gated shared expert.
+    /// The MoE FFN of qwen35moe and qwen3next: router, stacked experts, gated shared expert.
     fn moe(&mut self, i: usize) {
         let s = self.spec;
         let (h, ne, ff, sh) = (s.n_embd, s.n_expert, s.n_ff_exp, s.n_ff_shexp);
@@ -183,7 +188,7 @@ impl Builder<'_> {
         for i in 0..spec.n_layer {
             self.norm(&format!("blk.{i}.attn_norm.weight"), h);
             match spec.arch {
-                TestArch::Qwen35 | TestArch::Qwen35Moe => {
+                TestArch::Qwen35 | TestArch::Qwen35Moe | TestArch::Qwen3Next => {
                     if spec.is_recurrent(i) {
                         self.gdn(i);
                     } else {
@@ -196,7 +201,7 @@ impl Builder<'_> {
                     self.norm(&format!("blk.{i}.ffn_norm.weight"), h);
                 }
             }
-            if spec.arch == TestArch::Qwen35Moe {
+            if spec.arch.is_moe() {
                 self.moe(i);
             } else {
                 self.ffn(i);
@@ -211,7 +216,12 @@ impl Builder<'_> {
             self.norm(&format!("blk.{i}.attn_norm.weight"), h);
             self.attention(i, true, true);
             self.norm(&format!("blk.{i}.post_attention_norm.weight"), h);
-            self.ffn(i);
+            // The MTP block's FFN is the trunk's kind.
+            if spec.arch.is_moe() {
+                self.moe(i);
+            } else {
+                self.ffn(i);
+            }
         }
         self.tensors
     }
@@ -320,6 +330,8 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
     let arch = spec.arch.name();
     let pre = match spec.arch {
         TestArch::Qwen35 | TestArch::Qwen35Moe => "qwen35",
+        // Qwen3-Next's tokenizer predates Qwen3.5's pre-tokenizer change.
+        TestArch::Qwen3Next => "qwen2",
         TestArch::Llama => "llama-bpe",
     };
     let mut vocab = train_bpe(
@@ -378,7 +390,7 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
     w.add_u32(&k("rope.dimension_count"), spec.n_rot as u32);
     w.add_f32(&k("rope.freq_base"), spec.rope_base);
     w.add_u32(&k("vocab_size"), spec.n_vocab as u32);
-    if spec.arch == TestArch::Qwen35Moe {
+    if spec.arch.is_moe() {
         w.add_u32(&k("expert_count"), spec.n_expert as u32);
         w.add_u32(&k("expert_used_count"), spec.n_expert_used as u32);
         w.add_u32(&k("expert_feed_forward_length"), spec.n_ff_exp as u32);
@@ -387,8 +399,11 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
             spec.n_ff_shexp as u32,
         );
     }
-    if spec.arch.is_hybrid() {
+    if matches!(spec.arch, TestArch::Qwen35 | TestArch::Qwen35Moe) {
+        // IMROPE's sections (qwen3next rotates NEOX).
         w.add_array_i32(&k("rope.dimension_sections"), &spec.rope_sections);
+    }
+    if spec.arch.is_hybrid() {
         w.add_u32(&k("ssm.conv_kernel"), spec.ssm_conv_kernel as u32);
         w.add_u32(&k("ssm.state_size"), spec.ssm_d_state as u32);
         w.add_u32(&k("ssm.group_count"), spec.ssm_n_group as u32);
@@ -408,7 +423,7 @@ pub fn write_model(spec: &TestModelSpec, path: &Path) -> Result<(), TestModelErr
     w.add_array_i32("tokenizer.ggml.token_type", &vocab.token_types);
     w.add_array_str("tokenizer.ggml.merges", &vocab.merges);
     match spec.arch {
-        TestArch::Qwen35 | TestArch::Qwen35Moe => {
+        TestArch::Qwen35 | TestArch::Qwen35Moe | TestArch::Qwen3Next => {
             if let Some(id) = im_end {
                 w.add_u32("tokenizer.ggml.eos_token_id", id);
             }
@@ -480,10 +495,12 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
         return bad("ssm value heads must be a multiple of key heads".into());
     }
     // Row lengths that fit no block of the chosen types are reported by the type plan.
-    if s.arch != TestArch::Qwen35 && s.mtp {
-        return bad("MTP blocks exist only for qwen35".into());
+    if !s.arch.is_hybrid() && s.mtp {
+        return bad(
+            "MTP blocks exist only for the Qwen3.5 family (qwen35, qwen35moe, qwen3next)".into(),
+        );
     }
-    if s.arch == TestArch::Qwen35Moe
+    if s.arch.is_moe()
         && (s.n_expert == 0
             || s.n_expert_used == 0
             || s.n_expert_used > s.n_expert

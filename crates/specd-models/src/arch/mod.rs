@@ -8,6 +8,7 @@ pub mod llama;
 pub mod qwen3;
 pub mod qwen35;
 pub mod qwen35moe;
+pub mod qwen3next;
 
 use crate::config::{ModelConfig, SsmConfig};
 use crate::layers::mtp::Mtp;
@@ -26,6 +27,9 @@ pub enum Arch {
     /// Qwen3.5 mixture-of-experts hybrid (Qwen3.5-35B-A3B, 122B-A10B): qwen35's mixers, a routed
     /// MoE FFN with a gated shared expert.
     Qwen35Moe,
+    /// Qwen3-Next (Qwen3-Next-80B-A3B, Qwen3-Coder-Next): the MoE hybrid with NEOX rotary,
+    /// fused DeltaNet projections and value heads grouped by key head.
+    Qwen3Next,
     /// Llama family transformer (Llama 2/3, Mistral-style): NORM rope, no QK norm.
     Llama,
     /// Qwen3 dense transformer: NEOX rope, QK norm.
@@ -61,6 +65,12 @@ pub const REGISTRY: &[ArchDef] = &[
         load: qwen35moe::load,
     },
     ArchDef {
+        arch: Arch::Qwen3Next,
+        name: "qwen3next",
+        rope_mode: qwen3next::rope_mode,
+        load: qwen3next::load,
+    },
+    ArchDef {
         arch: Arch::Llama,
         name: "llama",
         rope_mode: llama::rope_mode,
@@ -76,14 +86,7 @@ pub const REGISTRY: &[ArchDef] = &[
 
 /// Architectures llama.cpp runs that specd knows of but does not run yet: a clearer error than
 /// "unknown".
-const NOT_YET: &[&str] = &[
-    "qwen3next",
-    "qwen3moe",
-    "qwen2",
-    "mistral3",
-    "gemma3",
-    "phi3",
-];
+const NOT_YET: &[&str] = &["qwen3moe", "qwen2", "mistral3", "gemma3", "phi3"];
 
 impl Arch {
     /// The architecture's entry in [`REGISTRY`].
@@ -143,10 +146,16 @@ mod tests {
 
     #[test]
     fn every_architecture_has_one_registry_entry() {
-        for a in [Arch::Qwen35, Arch::Qwen35Moe, Arch::Llama, Arch::Qwen3] {
+        for a in [
+            Arch::Qwen35,
+            Arch::Qwen35Moe,
+            Arch::Qwen3Next,
+            Arch::Llama,
+            Arch::Qwen3,
+        ] {
             assert_eq!(REGISTRY.iter().filter(|d| d.arch == a).count(), 1);
             assert_eq!(a.def().arch, a);
         }
-        assert_eq!(REGISTRY.len(), 4, "a new Arch variant needs its line above");
+        assert_eq!(REGISTRY.len(), 5, "a new Arch variant needs its line above");
     }
 }

@@ -33,6 +33,7 @@ impl HybridConfig {
             n_group: g.get_u32(&p("ssm.group_count"))? as usize,
             n_v_heads: g.get_u32(&p("ssm.time_step_rank"))? as usize,
             inner: g.get_u32(&p("ssm.inner_size"))? as usize,
+            tiled: true,
         };
         if ssm.conv_kernel < 2
             || ssm.n_group == 0
@@ -108,19 +109,41 @@ pub fn rope_mode(g: &GgufFile, arch: &str) -> Result<RopeMode, ModelError> {
 pub fn load(l: &Loader, c: &ModelConfig) -> Result<Box<dyn Trunk>, ModelError> {
     let hc = HybridConfig::from_gguf(l.g, c)?;
     let n_ff = per_layer(l.g, &c.key("feed_forward_length"), c.block_count())?;
-    let mut t = HybridTrunk::load(l, c, &hc, |i| Ffn::load(l, i, c.n_embd, n_ff[i]))?;
-    if c.n_nextn > 0 {
-        if c.n_nextn != 1 {
-            return Err(ModelError::Invalid(format!(
-                "{} MTP blocks (only 1 is supported)",
-                c.n_nextn
-            )));
-        }
-        let i = c.n_layer;
-        let shape = super::llama::attn_shape(c);
-        t.mtp = Some(Mtp::load(l, i, c.n_embd, c.n_vocab, n_ff[i], shape, c.eps)?);
-    }
+    let mut t = HybridTrunk::load(l, c, &hc, qwen35_gdn(l, c, &hc), |i| {
+        Ffn::load(l, i, c.n_embd, n_ff[i])
+    })?;
+    t.mtp = load_mtp(l, c, |i| Ok(Box::new(Ffn::load(l, i, c.n_embd, n_ff[i])?)))?;
     Ok(Box::new(t))
+}
+
+/// Loads block `i`'s Gated DeltaNet in qwen35's layout.
+pub fn qwen35_gdn<'a>(
+    l: &'a Loader,
+    c: &'a ModelConfig,
+    hc: &'a HybridConfig,
+) -> impl FnMut(usize) -> Result<GatedDeltaNet, ModelError> + 'a {
+    move |i| GatedDeltaNet::load(l, i, c.n_embd, &hc.ssm, c.eps)
+}
+
+/// The file's MTP block (`blk.{n_layer}`) if it has one, its FFN from `ffn(i)`.
+pub fn load_mtp(
+    l: &Loader,
+    c: &ModelConfig,
+    ffn: impl FnOnce(usize) -> Result<Box<dyn FeedForward>, ModelError>,
+) -> Result<Option<Mtp>, ModelError> {
+    if c.n_nextn == 0 {
+        return Ok(None);
+    }
+    if c.n_nextn != 1 {
+        return Err(ModelError::Invalid(format!(
+            "{} MTP blocks (only 1 is supported)",
+            c.n_nextn
+        )));
+    }
+    let i = c.n_layer;
+    let shape = super::llama::attn_shape(c);
+    let f = ffn(i)?;
+    Ok(Some(Mtp::load(l, i, c.n_embd, c.n_vocab, f, shape, c.eps)?))
 }
 
 /// Gated DeltaNet and gated-attention blocks with FFN `F`.
@@ -134,12 +157,13 @@ pub struct HybridTrunk<F> {
 }
 
 impl<F: FeedForward> HybridTrunk<F> {
-    /// Loads the trunk's blocks (`attn_norm`, the mixer, `post_attention_norm`), block `i`'s
-    /// FFN from `ffn(i)`.
+    /// Loads the trunk's blocks (`attn_norm`, the mixer, `post_attention_norm`): block `i`'s
+    /// Gated DeltaNet (on recurrent layers) from `gdn(i)`, its FFN from `ffn(i)`.
     pub fn load(
         l: &Loader,
         c: &ModelConfig,
         hc: &HybridConfig,
+        mut gdn: impl FnMut(usize) -> Result<GatedDeltaNet, ModelError>,
         mut ffn: impl FnMut(usize) -> Result<F, ModelError>,
     ) -> Result<Self, ModelError> {
         let h = c.n_embd;
@@ -157,7 +181,7 @@ impl<F: FeedForward> HybridTrunk<F> {
                     }
                 }
                 LayerKind::Recurrent => {
-                    let w = GatedDeltaNet::load(l, i, h, &hc.ssm, c.eps)?;
+                    let w = gdn(i)?;
                     n_rec += 1;
                     Mixer::Recurrent {
                         w,

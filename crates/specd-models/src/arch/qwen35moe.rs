@@ -3,9 +3,11 @@
 //! gated shared expert; [`crate::layers::moe`]). Hyper-parameters as llama.cpp reads them:
 //! `expert_count`, `expert_used_count`, `expert_feed_forward_length` (default
 //! `feed_forward_length / expert_used_count`), `expert_shared_feed_forward_length` (default
-//! `feed_forward_length`); softmax gating, normalised top-k weights, no weight scale.
+//! `feed_forward_length`); softmax gating, normalised top-k weights, no weight scale. The MTP
+//! block (`blk.{n_layer}`, when the file has one) is a gated-attention block with the same MoE
+//! FFN.
 
-use super::qwen35::{HybridConfig, HybridTrunk};
+use super::qwen35::{load_mtp, qwen35_gdn, HybridConfig, HybridTrunk};
 use super::Trunk;
 use crate::config::{first_of_per_layer, ModelConfig};
 use crate::layers::moe::{MoeConfig, MoeFfn};
@@ -69,15 +71,13 @@ impl Qwen35MoeConfig {
 
 pub fn load(l: &Loader, c: &ModelConfig) -> Result<Box<dyn Trunk>, ModelError> {
     let own = Qwen35MoeConfig::from_gguf(l.g, c)?;
-    if c.n_nextn > 0 {
-        // The MoE MTP block is not run yet: the trunk loads, `draft-mtp` reports no MTP head.
-        tracing::warn!(
-            "{}: the file's MTP block (a MoE block) is not supported yet and is ignored",
-            c.arch.name()
-        );
-    }
-    let t = HybridTrunk::load(l, c, &own.hybrid, |i| {
+    let gdn = qwen35_gdn(l, c, &own.hybrid);
+    let mut t = HybridTrunk::load(l, c, &own.hybrid, gdn, |i| {
         MoeFfn::load(l, i, c.n_embd, &own.moe)
+    })?;
+    // The MTP block is a gated-attention block with the trunk's MoE FFN.
+    t.mtp = load_mtp(l, c, |i| {
+        Ok(Box::new(MoeFfn::load(l, i, c.n_embd, &own.moe)?))
     })?;
     Ok(Box::new(t))
 }

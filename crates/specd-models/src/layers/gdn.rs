@@ -1,6 +1,6 @@
-//! Gated DeltaNet layer (qwen35.md §3.5): projections here, the conv + recurrence in the
-//! sequence memory (which records what a rollback needs), then the gated RMSNorm and output
-//! projection.
+//! Gated DeltaNet layer (qwen35.md §3.5): the input projections (per architecture, see
+//! [`GdnInput`]), the conv + recurrence in the sequence memory (which records what a rollback
+//! needs), then the gated RMSNorm and output projection.
 
 use super::{gather, scatter, SeqRows};
 use crate::config::SsmConfig;
@@ -12,12 +12,68 @@ use specd_ops::delta_net::{GdnGates, GdnShape};
 use specd_ops::norm::rms_norm_inplace;
 use specd_ops::{matmul, matmul_many, Weight};
 
-/// Weights of one Gated DeltaNet layer.
-pub struct GatedDeltaNet {
+/// A layer's input projections, in the layout the recurrence reads: per row the conv input
+/// `q | k | v` (key heads, key heads, value heads), the output gate `z` (value heads), and per
+/// value head the β and α logits. Architectures store these projections differently (qwen35:
+/// one matrix each; qwen3next: fused, grouped by key head).
+pub struct GdnProjected {
+    /// `n × conv_dim`.
+    pub mixed: Vec<f32>,
+    /// `n × n_v·d_v`.
+    pub z: Vec<f32>,
+    /// `n × n_v`.
+    pub beta: Vec<f32>,
+    /// `n × n_v`.
+    pub alpha: Vec<f32>,
+}
+
+/// Computes a layer's [`GdnProjected`] from its normed input rows (`n × n_embd`).
+pub trait GdnInput: Send + Sync {
+    fn project(&self, a: &[f32], n: usize) -> Result<GdnProjected, ModelError>;
+}
+
+/// qwen35's input projections: `attn_qkv`, `attn_gate`, `ssm_beta`, `ssm_alpha`.
+pub struct SplitInput {
     pub qkv: Weight,
     pub gate: Weight,
     pub beta: Weight,
     pub alpha: Weight,
+}
+
+impl SplitInput {
+    pub fn load(l: &Loader, i: usize, n_embd: usize, s: &SsmConfig) -> Result<Self, ModelError> {
+        let p = |x: &str| format!("blk.{i}.{x}");
+        let nv = s.n_v_heads;
+        Ok(SplitInput {
+            qkv: l.matrix(&p("attn_qkv.weight"), s.conv_dim(), n_embd)?,
+            gate: l.matrix(&p("attn_gate.weight"), s.inner, n_embd)?,
+            beta: l.matrix(&p("ssm_beta.weight"), nv, n_embd)?,
+            alpha: l.matrix(&p("ssm_alpha.weight"), nv, n_embd)?,
+        })
+    }
+}
+
+impl GdnInput for SplitInput {
+    fn project(&self, a: &[f32], n: usize) -> Result<GdnProjected, ModelError> {
+        let mut o = GdnProjected {
+            mixed: vec![0f32; n * self.qkv.rows],
+            z: vec![0f32; n * self.gate.rows],
+            beta: vec![0f32; n * self.beta.rows],
+            alpha: vec![0f32; n * self.alpha.rows],
+        };
+        matmul_many(
+            a,
+            n,
+            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
+            &mut [&mut o.mixed, &mut o.z, &mut o.beta, &mut o.alpha],
+        )?;
+        Ok(o)
+    }
+}
+
+/// Weights of one Gated DeltaNet layer.
+pub struct GatedDeltaNet {
+    pub input: Box<dyn GdnInput>,
     /// `conv_dim × K`.
     pub conv: Vec<f32>,
     pub dt_bias: Vec<f32>,
@@ -31,7 +87,7 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// Loads `blk.{i}` GDN tensors.
+    /// Loads `blk.{i}` GDN tensors (qwen35's layout).
     pub fn load(
         l: &Loader,
         i: usize,
@@ -39,26 +95,31 @@ impl GatedDeltaNet {
         s: &SsmConfig,
         eps: f32,
     ) -> Result<Self, ModelError> {
+        let input = SplitInput::load(l, i, n_embd, s)?;
+        Self::load_with(l, i, n_embd, s, eps, Box::new(input))
+    }
+
+    /// Loads `blk.{i}`'s conv, gates, norm and output projection around the input projections
+    /// `input`.
+    pub fn load_with(
+        l: &Loader,
+        i: usize,
+        n_embd: usize,
+        s: &SsmConfig,
+        eps: f32,
+        input: Box<dyn GdnInput>,
+    ) -> Result<Self, ModelError> {
         let p = |x: &str| format!("blk.{i}.{x}");
         let cd = s.conv_dim();
         let nv = s.n_v_heads;
         Ok(GatedDeltaNet {
-            qkv: l.matrix(&p("attn_qkv.weight"), cd, n_embd)?,
-            gate: l.matrix(&p("attn_gate.weight"), s.inner, n_embd)?,
-            beta: l.matrix(&p("ssm_beta.weight"), nv, n_embd)?,
-            alpha: l.matrix(&p("ssm_alpha.weight"), nv, n_embd)?,
+            input,
             conv: l.tensor_f32(&p("ssm_conv1d.weight"), &[s.conv_kernel as u64, cd as u64])?,
             dt_bias: l.vector(&p("ssm_dt.bias"), nv)?,
             a: l.vector(&p("ssm_a"), nv)?,
             norm: l.vector(&p("ssm_norm.weight"), s.d_v())?,
             out: l.matrix(&p("ssm_out.weight"), n_embd, s.inner)?,
-            shape: GdnShape {
-                n_k: s.n_group,
-                n_v: nv,
-                d_k: s.d_state,
-                d_v: s.d_v(),
-                tiled: true,
-            },
+            shape: s.gdn_shape(),
             eps,
         })
     }
@@ -73,19 +134,15 @@ impl GatedDeltaNet {
         mem: &mut Memory,
         rec_layer: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let cd = self.qkv.rows;
         let (nv, dv) = (self.shape.n_v, self.shape.d_v);
         let inner = nv * dv;
-        let mut mixed = vec![0f32; n * cd];
-        let mut z = vec![0f32; n * inner];
-        let mut b = vec![0f32; n * nv];
-        let mut al = vec![0f32; n * nv];
-        matmul_many(
-            a,
-            n,
-            &[&self.qkv, &self.gate, &self.beta, &self.alpha],
-            &mut [&mut mixed, &mut z, &mut b, &mut al],
-        )?;
+        let cd = 2 * self.shape.n_k * self.shape.d_k + inner;
+        let GdnProjected {
+            mixed,
+            z,
+            beta: b,
+            alpha: al,
+        } = self.input.project(a, n)?;
         let gates = GdnGates {
             dt_bias: &self.dt_bias,
             a: &self.a,

@@ -1,9 +1,10 @@
 //! The multi-token-prediction (NextN) head of Qwen3.5 files (qwen35.md §3.7). Loaded with the
 //! model; run only by the MTP drafter, never in the main pass. It keeps its own one-layer KV
-//! cache in a separate [`Memory`].
+//! cache in a separate [`Memory`]. Its FFN is the architecture's: dense in qwen35, a MoE FFN
+//! (router, experts, gated shared expert) in qwen35moe and qwen3next.
 
 use super::attention::Attention;
-use super::ffn::Ffn;
+use super::block::FeedForward;
 use super::SeqRows;
 use crate::weights::Loader;
 use crate::ModelError;
@@ -21,7 +22,7 @@ pub struct Mtp {
     pub attn_norm: Vec<f32>,
     pub attn: Attention,
     pub post_norm: Vec<f32>,
-    pub ffn: Ffn,
+    pub ffn: Box<dyn FeedForward>,
     /// `shared_head_norm` if present (else the model's output norm is used).
     pub head_norm: Option<Vec<f32>>,
     /// Own embedding table if present.
@@ -32,13 +33,14 @@ pub struct Mtp {
 }
 
 impl Mtp {
-    /// Loads block `i` (= number of trunk layers).
+    /// Loads block `i` (= number of trunk layers) around its FFN `ffn` (loaded by the
+    /// architecture).
     pub fn load(
         l: &Loader,
         i: usize,
         n_embd: usize,
         n_vocab: usize,
-        n_ff: usize,
+        ffn: Box<dyn FeedForward>,
         shape: AttnShape,
         eps: f32,
     ) -> Result<Self, ModelError> {
@@ -50,7 +52,7 @@ impl Mtp {
             attn_norm: l.vector(&p("attn_norm.weight"), n_embd)?,
             attn: Attention::load(l, i, n_embd, shape, true, true, eps)?,
             post_norm: l.vector(&p("post_attention_norm.weight"), n_embd)?,
-            ffn: Ffn::load(l, i, n_embd, n_ff)?,
+            ffn,
             head_norm: l.vector_opt(&p("nextn.shared_head_norm.weight"), n_embd)?,
             embed: l.matrix_opt(&p("nextn.embed_tokens.weight"), n_vocab, n_embd)?,
             head: l.matrix_opt(&p("nextn.shared_head_head.weight"), n_vocab, n_embd)?,
