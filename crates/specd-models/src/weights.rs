@@ -270,7 +270,10 @@ mod tests {
         assert_eq!(native(TensorType::Q3_K), Some(WeightType::K(KFormat::Q3K)));
         // The remaining ≤ 4-bit super-block types still go to Q4_K.
         assert_eq!(native(TensorType::IQ3_XXS), None);
-        assert_eq!(conversion_target(TensorType::IQ3_XXS, 512), TensorType::Q4_K);
+        assert_eq!(
+            conversion_target(TensorType::IQ3_XXS, 512),
+            TensorType::Q4_K
+        );
         assert_eq!(conversion_target(TensorType::IQ3_XXS, 96), TensorType::Q8_0);
     }
 
