@@ -20,10 +20,11 @@
 //! * Q2_K (1344 bytes per group super-block = 16 ggml blocks, ±0 %): `dA` (16 f16), `dB` (16
 //!   f16), the scale bytes as the file has them (row `j`'s `scales[s]` at `16s + j`), then the
 //!   16 sub-blocks' quants.
-//! * Q3_K (1824 bytes for 1760, +3.6 %: the 6-bit scales are stored unpacked): `dA` (16 f16),
-//!   `sc_s` as i8 at `16s + j` (256 bytes), then per pair `k` of sub-blocks 192 bytes: the quants
-//!   of sub-blocks `2k` and `2k+1` (64 bytes each) and 64 bytes of high bits, byte `4j+i` bit
-//!   `4e + c` = high bit of weight `4c + i` of sub-block `2k + e`.
+//! * Q3_K (1824 bytes for 1760, +3.6 %: the 6-bit scales are stored unpacked): `sc_s` as i8 at
+//!   `16s + j` (256 bytes), then per pair `k` of sub-blocks 192 bytes: the quants of sub-blocks
+//!   `2k` and `2k+1` (64 bytes each) and 64 bytes of high bits, byte `4j+i` bit `4e + c` = high
+//!   bit of weight `4c + i` of sub-block `2k + e`; `dA` (16 f16) last, so that the quants of the
+//!   first super-block of a group start on a cache line.
 
 use super::{Decoded, KFormat, QK_K};
 use crate::pack::GROUP;
@@ -36,12 +37,19 @@ pub(crate) const Q3K_GROUP_BYTES: usize = 32 + 256 + 8 * 192;
 pub(crate) const fn sc_offset(fmt: KFormat) -> usize {
     match fmt {
         KFormat::Q2K => 64,
-        _ => 32,
+        _ => 0,
     }
 }
-/// Offset of the quants in a group super-block.
+/// Offset of the quants in a group super-block (a multiple of 64: whole cache lines).
 pub(crate) const fn quant_offset(fmt: KFormat) -> usize {
     sc_offset(fmt) + 256
+}
+/// Offset of the 16 `dA` (then Q2_K's 16 `dB`).
+pub(crate) const fn da_offset(fmt: KFormat) -> usize {
+    match fmt {
+        KFormat::Q2K => 0,
+        _ => quant_offset(fmt) + 8 * 192,
+    }
 }
 
 fn f16_bits(b: &[u8], at: usize) -> u16 {
@@ -64,9 +72,9 @@ pub(crate) fn decode_q2k(b: &[u8]) -> Decoded {
         m: [0; 16],
         u: [0; QK_K],
     };
-    for s in 0..16 {
-        d.sc[s] = (b[s] & 0x0f) as i8;
-        d.m[s] = (b[s] >> 4) as i8;
+    for (s, &byte) in b[..16].iter().enumerate() {
+        d.sc[s] = (byte & 0x0f) as i8;
+        d.m[s] = (byte >> 4) as i8;
     }
     low_bits(&b[16..80], &mut d.u);
     d
@@ -121,7 +129,8 @@ fn high_at(s: usize, j: usize, w: usize) -> (usize, u32) {
 
 /// Writes `d` as row `j` of a group super-block `g` of `fmt` (Q2_K or Q3_K).
 pub(crate) fn write_group_row(fmt: KFormat, d: &Decoded, j: usize, g: &mut [u8]) {
-    g[2 * j..2 * j + 2].copy_from_slice(&d.da.to_le_bytes());
+    let da = da_offset(fmt);
+    g[da + 2 * j..da + 2 * j + 2].copy_from_slice(&d.da.to_le_bytes());
     if fmt == KFormat::Q2K {
         g[32 + 2 * j..32 + 2 * j + 2].copy_from_slice(&d.db.to_le_bytes());
     }
@@ -147,7 +156,7 @@ pub(crate) fn write_group_row(fmt: KFormat, d: &Decoded, j: usize, g: &mut [u8])
 /// [`write_group_row`]).
 pub(crate) fn read_group_row(fmt: KFormat, g: &[u8], j: usize) -> Decoded {
     let mut d = Decoded {
-        da: f16_bits(g, 2 * j),
+        da: f16_bits(g, da_offset(fmt) + 2 * j),
         db: 0,
         sc: [0; 16],
         m: [0; 16],

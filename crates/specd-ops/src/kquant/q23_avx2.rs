@@ -9,7 +9,7 @@
 //! them and applies the scale at once.
 
 use super::avx512::PF_AHEAD;
-use super::q23::{quant_offset, sc_offset};
+use super::q23::{da_offset, quant_offset, sc_offset};
 use super::{ActPtrs, KFormat, QK_K};
 use std::arch::x86_64::*;
 
@@ -17,7 +17,12 @@ trait Fmt {
     const F: KFormat;
     /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `s` of the eight rows of half `h`:
     /// `u` (times the scale for Q2_K with `VNNI`, see [`super::q23_avx512`]).
-    unsafe fn load_sub<const VNNI: bool>(blk: *const u8, s: usize, h: usize, wv: &mut [__m256i; 4]);
+    unsafe fn load_sub<const VNNI: bool, const E: usize>(
+        blk: *const u8,
+        k: usize,
+        h: usize,
+        wv: &mut [__m256i; 4],
+    );
 }
 
 struct Q2K;
@@ -62,12 +67,13 @@ unsafe fn twice16(sc: __m256i) -> __m256i {
 impl Fmt for Q2K {
     const F: KFormat = KFormat::Q2K;
     #[inline(always)]
-    unsafe fn load_sub<const VNNI: bool>(
+    unsafe fn load_sub<const VNNI: bool, const E: usize>(
         blk: *const u8,
-        s: usize,
+        k: usize,
         h: usize,
         wv: &mut [__m256i; 4],
     ) {
+        let s = 2 * k + E;
         unsafe {
             low_bits(blk.add(quant_offset(Self::F) + 64 * s + 32 * h), wv);
             if VNNI {
@@ -83,21 +89,36 @@ impl Fmt for Q2K {
 impl Fmt for Q3K {
     const F: KFormat = KFormat::Q3K;
     #[inline(always)]
-    unsafe fn load_sub<const VNNI: bool>(
+    unsafe fn load_sub<const VNNI: bool, const E: usize>(
         blk: *const u8,
-        s: usize,
+        k: usize,
         h: usize,
         wv: &mut [__m256i; 4],
     ) {
         unsafe {
-            let pair = blk.add(quant_offset(Self::F) + 192 * (s / 2) + 32 * h);
-            low_bits(pair.add(64 * (s % 2)), wv);
+            let pair = blk.add(quant_offset(Self::F) + 192 * k + 32 * h);
+            low_bits(pair.add(64 * E), wv);
             let hb = _mm256_loadu_si256(pair.add(128) as *const __m256i);
             let four = _mm256_set1_epi8(4);
-            for (c, v) in wv.iter_mut().enumerate() {
-                let bit = _mm256_set1_epi8(1 << (4 * (s % 2) + c));
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
-                *v = _mm256_or_si256(*v, _mm256_and_si256(set, four));
+            // High bit `4E + c` of each byte to bit 2 (16-bit shifts; the mask drops what
+            // crosses a byte).
+            let hs = if E == 0 {
+                [
+                    _mm256_slli_epi16::<2>(hb),
+                    _mm256_slli_epi16::<1>(hb),
+                    hb,
+                    _mm256_srli_epi16::<1>(hb),
+                ]
+            } else {
+                [
+                    _mm256_srli_epi16::<2>(hb),
+                    _mm256_srli_epi16::<3>(hb),
+                    _mm256_srli_epi16::<4>(hb),
+                    _mm256_srli_epi16::<5>(hb),
+                ]
+            };
+            for c in 0..4 {
+                wv[c] = _mm256_or_si256(wv[c], _mm256_and_si256(hs[c], four));
             }
         }
     }
@@ -106,6 +127,60 @@ impl Fmt for Q3K {
 #[inline(always)]
 unsafe fn x4(xb: *const i8, c: usize) -> __m256i {
     unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(xb.add(4 * c) as *const i32)) }
+}
+
+/// Sub-block `2k + E` of super-block `b` (at `blk`), half `h`, against `R` activation rows: adds
+/// `sc·Σ u·x` to `isum`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn sub_block<F: Fmt, const R: usize, const VNNI: bool, const E: usize>(
+    blk: *const u8,
+    k: usize,
+    h: usize,
+    b: usize,
+    p: ActPtrs,
+    isum: &mut [__m256i; R],
+) {
+    unsafe {
+        let fmt = F::F;
+        let s = 2 * k + E;
+        let mut wv = [_mm256_setzero_si256(); 4];
+        F::load_sub::<VNNI, E>(blk, k, h, &mut wv);
+        let sc = if VNNI && fmt == KFormat::Q2K {
+            _mm256_setzero_si256()
+        } else {
+            scales(fmt, blk, s, h)
+        };
+        let sc16 = twice16(sc);
+        for r in 0..R {
+            let xb = p.q.add(r * p.qstride + b * QK_K + 16 * s);
+            if !VNNI {
+                let s16 = _mm256_add_epi16(
+                    _mm256_add_epi16(
+                        _mm256_maddubs_epi16(wv[0], x4(xb, 0)),
+                        _mm256_maddubs_epi16(wv[1], x4(xb, 1)),
+                    ),
+                    _mm256_add_epi16(
+                        _mm256_maddubs_epi16(wv[2], x4(xb, 2)),
+                        _mm256_maddubs_epi16(wv[3], x4(xb, 3)),
+                    ),
+                );
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16, sc16));
+                continue;
+            }
+            let z = _mm256_setzero_si256();
+            let p0 = _mm256_dpbusd_avx_epi32(z, wv[0], x4(xb, 0));
+            let p1 = _mm256_dpbusd_avx_epi32(z, wv[1], x4(xb, 1));
+            let p0 = _mm256_dpbusd_avx_epi32(p0, wv[2], x4(xb, 2));
+            let p1 = _mm256_dpbusd_avx_epi32(p1, wv[3], x4(xb, 3));
+            let ip = _mm256_add_epi32(p0, p1);
+            isum[r] = if fmt == KFormat::Q3K {
+                _mm256_add_epi32(isum[r], _mm256_mullo_epi32(ip, sc))
+            } else {
+                _mm256_add_epi32(isum[r], ip)
+            };
+        }
+    }
 }
 
 /// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows, on AVX2.
@@ -146,7 +221,6 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let gbb = fmt.group_block_bytes();
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm256_setzero_ps(); R];
-        let mut wv = [_mm256_setzero_si256(); 4];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             if h == 0 {
@@ -158,42 +232,9 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                 }
             }
             let mut isum = [_mm256_setzero_si256(); R];
-            for s in 0..16 {
-                F::load_sub::<VNNI>(blk, s, h, &mut wv);
-                let sc = if VNNI && fmt == KFormat::Q2K {
-                    _mm256_setzero_si256()
-                } else {
-                    scales(fmt, blk, s, h)
-                };
-                let sc16 = twice16(sc);
-                for r in 0..R {
-                    let xb = p.q.add(r * p.qstride + b * QK_K + 16 * s);
-                    if !VNNI {
-                        let s16 = _mm256_add_epi16(
-                            _mm256_add_epi16(
-                                _mm256_maddubs_epi16(wv[0], x4(xb, 0)),
-                                _mm256_maddubs_epi16(wv[1], x4(xb, 1)),
-                            ),
-                            _mm256_add_epi16(
-                                _mm256_maddubs_epi16(wv[2], x4(xb, 2)),
-                                _mm256_maddubs_epi16(wv[3], x4(xb, 3)),
-                            ),
-                        );
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16, sc16));
-                        continue;
-                    }
-                    let z = _mm256_setzero_si256();
-                    let p0 = _mm256_dpbusd_avx_epi32(z, wv[0], x4(xb, 0));
-                    let p1 = _mm256_dpbusd_avx_epi32(z, wv[1], x4(xb, 1));
-                    let p0 = _mm256_dpbusd_avx_epi32(p0, wv[2], x4(xb, 2));
-                    let p1 = _mm256_dpbusd_avx_epi32(p1, wv[3], x4(xb, 3));
-                    let ip = _mm256_add_epi32(p0, p1);
-                    isum[r] = if fmt == KFormat::Q3K {
-                        _mm256_add_epi32(isum[r], _mm256_mullo_epi32(ip, sc))
-                    } else {
-                        _mm256_add_epi32(isum[r], ip)
-                    };
-                }
+            for k in 0..8 {
+                sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
+                sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);
             }
             // Row j's two scale bytes of each pair of sub-blocks as an i16 pair (Q3_K: `sc`
             // for the offset; Q2_K: `m`), against a row's two activation sums.
@@ -208,34 +249,32 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     _mm256_srli_epi16::<4>(_mm256_cvtepu8_epi16(ac))
                 };
             }
-            let mut msum = [_mm256_setzero_si256(); R];
+            let da = _mm256_cvtph_ps(_mm_loadu_si128(
+                blk.add(da_offset(fmt) + 16 * h) as *const __m128i
+            ));
+            let db = if fmt == KFormat::Q2K {
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            // Row by row (no array of sums: registers for four-row tiles).
             for r in 0..R {
                 let bs = p.bs16.add((r * p.nbk + b) * 16);
+                let mut msum = _mm256_setzero_si256();
                 for (k, v) in pairs.iter().enumerate() {
                     let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                    msum[r] =
-                        _mm256_add_epi32(msum[r], _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
                 }
                 if fmt == KFormat::Q3K {
                     // `u` carries +4: subtract 4·Σ_s sc_s·Σx_s.
-                    isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<2>(msum[r]));
+                    isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<2>(msum));
                 }
-            }
-            let da = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
-            for r in 0..R {
                 let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
                 acc[r] =
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
-            }
-            if fmt == KFormat::Q2K {
-                let db = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i));
-                for r in 0..R {
-                    let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
-                    acc[r] = _mm256_fnmadd_ps(
-                        _mm256_cvtepi32_ps(msum[r]),
-                        _mm256_mul_ps(db, dy),
-                        acc[r],
-                    );
+                if fmt == KFormat::Q2K {
+                    acc[r] =
+                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(db, dy), acc[r]);
                 }
             }
         }

@@ -10,7 +10,7 @@
 //! Q3_K's signed 6-bit scales do not fit that way and are applied per row.
 
 use super::avx512::PF_AHEAD;
-use super::q23::{quant_offset, sc_offset};
+use super::q23::{da_offset, quant_offset, sc_offset};
 use super::{ActPtrs, KFormat, QK_K};
 use std::arch::x86_64::*;
 
@@ -18,7 +18,7 @@ trait Fmt {
     const F: KFormat;
     /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `s` of each of the 16 rows: `u·sc`
     /// for Q2_K, `u` for Q3_K.
-    unsafe fn load_sub(blk: *const u8, s: usize, wv: &mut [__m512i; 4]);
+    unsafe fn load_sub<const E: usize>(blk: *const u8, k: usize, wv: &mut [__m512i; 4]);
 }
 
 struct Q2K;
@@ -40,7 +40,8 @@ unsafe fn low_bits(q: *const u8, wv: &mut [__m512i; 4]) {
 impl Fmt for Q2K {
     const F: KFormat = KFormat::Q2K;
     #[inline(always)]
-    unsafe fn load_sub(blk: *const u8, s: usize, wv: &mut [__m512i; 4]) {
+    unsafe fn load_sub<const E: usize>(blk: *const u8, k: usize, wv: &mut [__m512i; 4]) {
+        let s = 2 * k + E;
         unsafe {
             low_bits(blk.add(quant_offset(Self::F) + 64 * s), wv);
             let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(
@@ -58,16 +59,75 @@ impl Fmt for Q2K {
 impl Fmt for Q3K {
     const F: KFormat = KFormat::Q3K;
     #[inline(always)]
-    unsafe fn load_sub(blk: *const u8, s: usize, wv: &mut [__m512i; 4]) {
+    unsafe fn load_sub<const E: usize>(blk: *const u8, k: usize, wv: &mut [__m512i; 4]) {
         unsafe {
-            let pair = blk.add(quant_offset(Self::F) + 192 * (s / 2));
-            low_bits(pair.add(64 * (s % 2)), wv);
+            let pair = blk.add(quant_offset(Self::F) + 192 * k);
+            low_bits(pair.add(64 * E), wv);
             let hb = _mm512_loadu_si512(pair.add(128) as *const __m512i);
+            // High bit `4e + c` of each byte to bit 2 (16-bit shifts; the mask drops what
+            // crosses a byte), or-ed in with one `vpternlogd` (A | (B & C)).
             let four = _mm512_set1_epi8(4);
-            for (c, v) in wv.iter_mut().enumerate() {
-                let k = _mm512_test_epi8_mask(hb, _mm512_set1_epi8(1 << (4 * (s % 2) + c)));
-                *v = _mm512_mask_add_epi8(*v, k, *v, four);
+            let h = if E == 0 {
+                [
+                    _mm512_slli_epi16::<2>(hb),
+                    _mm512_slli_epi16::<1>(hb),
+                    hb,
+                    _mm512_srli_epi16::<1>(hb),
+                ]
+            } else {
+                [
+                    _mm512_srli_epi16::<2>(hb),
+                    _mm512_srli_epi16::<3>(hb),
+                    _mm512_srli_epi16::<4>(hb),
+                    _mm512_srli_epi16::<5>(hb),
+                ]
+            };
+            for c in 0..4 {
+                wv[c] = _mm512_ternarylogic_epi32::<0xF8>(wv[c], h[c], four);
             }
+        }
+    }
+}
+
+/// Sub-block `2k + E` of super-block `b` (at `blk`) against `R` activation rows: adds
+/// `sc·Σ u·x` (Q2_K: `Σ (u·sc)·x`) to `isum`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn sub_block<F: Fmt, const R: usize, const E: usize>(
+    blk: *const u8,
+    k: usize,
+    b: usize,
+    p: ActPtrs,
+    isum: &mut [__m512i; R],
+) {
+    unsafe {
+        let fmt = F::F;
+        let s = 2 * k + E;
+        let mut wv = [_mm512_setzero_si512(); 4];
+        F::load_sub::<E>(blk, k, &mut wv);
+        let sc = if fmt == KFormat::Q3K {
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                blk.add(sc_offset(fmt) + 16 * s) as *const __m128i
+            ))
+        } else {
+            _mm512_setzero_si512()
+        };
+        for r in 0..R {
+            let xb = p.q.add(r * p.qstride + b * QK_K + 16 * s);
+            let x4 =
+                |c: usize| _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * c) as *const i32));
+            // Two chains: the four products of a sub-block are one dependency chain otherwise
+            // (a one-row tile waits on its latency).
+            let p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], x4(0));
+            let p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], x4(1));
+            let p0 = _mm512_dpbusd_epi32(p0, wv[2], x4(2));
+            let p1 = _mm512_dpbusd_epi32(p1, wv[3], x4(3));
+            let ip = _mm512_add_epi32(p0, p1);
+            isum[r] = if fmt == KFormat::Q3K {
+                _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ip, sc))
+            } else {
+                _mm512_add_epi32(isum[r], ip)
+            };
         }
     }
 }
@@ -81,7 +141,6 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let gbb = fmt.group_block_bytes();
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm512_setzero_ps(); R];
-        let mut wv = [_mm512_setzero_si512(); 4];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(PF_AHEAD);
@@ -89,31 +148,9 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
             }
             let mut isum = [_mm512_setzero_si512(); R];
-            for s in 0..16 {
-                F::load_sub(blk, s, &mut wv);
-                let sc = if fmt == KFormat::Q3K {
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(sc0 + 16 * s) as *const __m128i))
-                } else {
-                    _mm512_setzero_si512()
-                };
-                for r in 0..R {
-                    let xb = p.q.add(r * p.qstride + b * QK_K + 16 * s);
-                    let x4 = |c: usize| {
-                        _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * c) as *const i32))
-                    };
-                    // Two chains: the four products of a sub-block are one dependency chain
-                    // otherwise (a one-row tile waits on its latency).
-                    let p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], x4(0));
-                    let p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], x4(1));
-                    let p0 = _mm512_dpbusd_epi32(p0, wv[2], x4(2));
-                    let p1 = _mm512_dpbusd_epi32(p1, wv[3], x4(3));
-                    let ip = _mm512_add_epi32(p0, p1);
-                    isum[r] = if fmt == KFormat::Q3K {
-                        _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ip, sc))
-                    } else {
-                        _mm512_add_epi32(isum[r], ip)
-                    };
-                }
+            for k in 0..8 {
+                sub_block::<F, R, 0>(blk, k, b, p, &mut isum);
+                sub_block::<F, R, 1>(blk, k, b, p, &mut isum);
             }
             // Per pair k of sub-blocks, row j's two scale bytes as an i16 pair (the operand of
             // `vpdpwssd` against a row's two activation sums): Q3_K's `sc` (for the offset),
@@ -129,33 +166,30 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
                     _mm512_srli_epi16::<4>(_mm512_cvtepu8_epi16(ac))
                 };
             }
-            let mut msum = [_mm512_setzero_si512(); R];
+            let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(da_offset(fmt)) as *const __m256i));
+            let db = if fmt == KFormat::Q2K {
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))
+            } else {
+                _mm512_setzero_ps()
+            };
+            // Row by row (no array of sums: registers for eight-row tiles).
             for r in 0..R {
                 let bs = p.bs16.add((r * p.nbk + b) * 16);
+                let mut msum = _mm512_setzero_si512();
                 for (k, v) in pairs.iter().enumerate() {
                     let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                    msum[r] = _mm512_dpwssd_epi32(msum[r], *v, _mm512_set1_epi32(pair));
+                    msum = _mm512_dpwssd_epi32(msum, *v, _mm512_set1_epi32(pair));
                 }
                 if fmt == KFormat::Q3K {
                     // `u` carries +4: subtract 4·Σ_s sc_s·Σx_s.
-                    isum[r] = _mm512_sub_epi32(isum[r], _mm512_slli_epi32::<2>(msum[r]));
+                    isum[r] = _mm512_sub_epi32(isum[r], _mm512_slli_epi32::<2>(msum));
                 }
-            }
-            let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-            for r in 0..R {
                 let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
                 acc[r] =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(da, dy), acc[r]);
-            }
-            if fmt == KFormat::Q2K {
-                let db = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                for r in 0..R {
-                    let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
-                    acc[r] = _mm512_fnmadd_ps(
-                        _mm512_cvtepi32_ps(msum[r]),
-                        _mm512_mul_ps(db, dy),
-                        acc[r],
-                    );
+                if fmt == KFormat::Q2K {
+                    acc[r] =
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(db, dy), acc[r]);
                 }
             }
         }
