@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 trait Fmt {
     const F: KFormat;
-    /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `s` of the eight rows of half `h`:
+    /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `2k + E` of the eight rows of half `h`:
     /// `u` (times the scale for Q2_K with `VNNI`, see [`super::q23_avx512`]).
     unsafe fn load_sub<const VNNI: bool, const E: usize>(
         blk: *const u8,

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 trait Fmt {
     const F: KFormat;
-    /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `s` of each of the 16 rows: `u·sc`
+    /// Fills `wv[c]` with weights `4c..4c+4` of sub-block `2k + E` of each of the 16 rows: `u·sc`
     /// for Q2_K, `u` for Q3_K.
     unsafe fn load_sub<const E: usize>(blk: *const u8, k: usize, wv: &mut [__m512i; 4]);
 }
