@@ -6,7 +6,7 @@ Source models:
     every matrix row is a whole number of 256-weight super-blocks),
   * ../shared/models/qwen35-code-target-f32.gguf (trained weights; its GDN `ssm_out` rows are 128 wide,
     so llama-quantize falls back to a 32-block type for those six tensors).
-Each is quantised with `llama-quantize SRC OUT TYPE` for TYPE in Q4_K_M, Q6_K, IQ4_XS. Because the
+Each is quantised with `llama-quantize SRC OUT TYPE` for TYPE in Q4_K_M, Q6_K, IQ4_XS, Q3_K_M, Q2_K. Because the
 trained model's IQ4_XS file gets IQ4_NL fallback tensors, it is also quantised a second time with
 `--tensor-type ssm_out=q8_0`, so that the IQ4_XS kernels are also measured without the IQ4_NL ones
 (the variant was added when specd could not load IQ4_NL; it now runs IQ4_NL natively).
@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, ".."))
 TRAINED = os.path.normpath(os.path.join(ROOT, "..", "shared", "models", "qwen35-code-target-f32.gguf"))
 CORPUS = os.path.join(ROOT, "crates", "specd-testmodel", "corpus", "python-stdlib.py.txt")
-TYPES = ["Q4_K_M", "Q6_K", "IQ4_XS"]
+TYPES = ["Q4_K_M", "Q6_K", "IQ4_XS", "Q3_K_M", "Q2_K"]
 SECTION = "## Quantised files (llama-quantize)"
 N_PROBS = 5
 SELF_STRIDE = 8

@@ -2,11 +2,11 @@
 //!
 //! Types with a native kernel stay quantised: F32, F16 and BF16 stay in the memory map (no copy);
 //! Q8_0, Q4_0 and IQ4_NL are repacked once into 16-row interleaved groups on AVX2 and above
-//! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block formats (Q4_K,
-//! Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level (`specd_ops::kquant`). A
-//! quantised type without a kernel is converted once at load to the nearest native type that
-//! holds it (block-32 types to Q8_0, Q2_K / Q3_K to Q4_K), with a warning naming the tensor —
-//! never to F32. See `docs/quantisation.md`.
+//! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block formats (Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level
+//! (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
+//! nearest native type that holds it (block-32 types to Q8_0, the other ≤ 4-bit super-block
+//! types to Q4_K), with a warning naming the tensor — never to F32. See `docs/quantisation.md`.
 
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};
@@ -43,6 +43,8 @@ fn native(t: TensorType) -> Option<WeightType> {
         TensorType::Q5_K => WeightType::K(KFormat::Q5K),
         TensorType::Q6_K => WeightType::K(KFormat::Q6K),
         TensorType::IQ4_XS => WeightType::K(KFormat::IQ4XS),
+        TensorType::Q2_K => WeightType::K(KFormat::Q2K),
+        TensorType::Q3_K => WeightType::K(KFormat::Q3K),
         _ => return None,
     })
 }
@@ -55,8 +57,7 @@ fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
         // ≤ 4 bits per weight in super-blocks: Q4_K keeps the 256-weight structure.
-        Q2_K | Q3_K | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0
-        | TQ2_0
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0
             if cols.is_multiple_of(256) =>
         {
             Q4_K
@@ -262,6 +263,19 @@ impl<'a> Loader<'a> {
 mod tests {
     use super::*;
     use specd_gguf::quant::{dequantize, quantize};
+
+    #[test]
+    fn two_and_three_bit_k_quants_stay_native() {
+        assert_eq!(native(TensorType::Q2_K), Some(WeightType::K(KFormat::Q2K)));
+        assert_eq!(native(TensorType::Q3_K), Some(WeightType::K(KFormat::Q3K)));
+        // The remaining ≤ 4-bit super-block types still go to Q4_K.
+        assert_eq!(native(TensorType::IQ3_XXS), None);
+        assert_eq!(
+            conversion_target(TensorType::IQ3_XXS, 512),
+            TensorType::Q4_K
+        );
+        assert_eq!(conversion_target(TensorType::IQ3_XXS, 96), TensorType::Q8_0);
+    }
 
     #[test]
     fn q5_0_becomes_q8_0_exactly() {

@@ -44,6 +44,8 @@ fn kweight(f: KFormat, rows: usize, cols: usize) -> Weight {
         KFormat::Q4K | KFormat::Q5K => &[0, 2],
         KFormat::Q6K => &[208],
         KFormat::IQ4XS => &[0],
+        KFormat::Q2K => &[80, 82],
+        KFormat::Q3K => &[108],
     };
     for b in bytes.chunks_exact_mut(bb) {
         for &p in fields {
@@ -179,6 +181,8 @@ fn main() {
         WeightType::KR16(KFormat::Q5K),
         WeightType::KR16(KFormat::Q6K),
         WeightType::KR16(KFormat::IQ4XS),
+        WeightType::KR16(KFormat::Q2K),
+        WeightType::KR16(KFormat::Q3K),
     ] {
         let w = match wt.interleaved_from() {
             Some(base) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),

@@ -1,4 +1,4 @@
-//! The super-block kernels (Q4_K, Q5_K, Q6_K, IQ4_XS): decoding against gguf-py's dequantisation,
+//! The super-block kernels (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): decoding against gguf-py's dequantisation,
 //! every instruction-set level against the scalar reference bit for bit and against a float
 //! reference on the dequantised weights, and batch invariance (width, position, threads).
 
@@ -28,6 +28,8 @@ fn random_blocks(fmt: KFormat, n: usize, seed: u64) -> Vec<u8> {
         KFormat::Q4K | KFormat::Q5K => &[0, 2],
         KFormat::Q6K => &[208],
         KFormat::IQ4XS => &[0],
+        KFormat::Q2K => &[80, 82],
+        KFormat::Q3K => &[108],
     };
     for blk in b.chunks_exact_mut(fmt.block_bytes()) {
         for &p in at {
@@ -70,6 +72,8 @@ fn decoding_matches_gguf_py() {
         ("q4_k", KFormat::Q4K),
         ("q5_k", KFormat::Q5K),
         ("q6_k", KFormat::Q6K),
+        ("q2_k", KFormat::Q2K),
+        ("q3_k", KFormat::Q3K),
     ] {
         let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
         let expected: Vec<f32> = std::fs::read(dir.join(format!("{name}.expected.f32")))
@@ -217,7 +221,7 @@ proptest! {
     /// A row's result does not depend on the batch around it, the thread count or the level.
     #[test]
     fn batch_invariant(
-        f in 0usize..4,
+        f in 0usize..KFormat::ALL.len(),
         groups in 1usize..4,
         tail in 0usize..3,
         nbk in 1usize..4,

@@ -2,6 +2,7 @@
 //! for every drafter, every rollback path, every sampler, any number of parallel sequences.
 
 use proptest::prelude::*;
+use specd_gguf::TensorType;
 use specd_memory::{KvType, MemoryConfig};
 use specd_models::Model;
 use specd_sampling::{GrammarSpec, SamplerParams};
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 mod common;
-use common::{kquant_test_model, test_model};
+use common::{kquant_test_model, kquant_type_test_model, test_model};
 
 struct Models {
     _dir: tempfile::TempDir,
@@ -20,6 +21,9 @@ struct Models {
     llama: Arc<Model>,
     /// Quantised in a K-quant mix: every native quantised kernel.
     kquant: Arc<Model>,
+    /// All Q2_K / all Q3_K matrices.
+    q2_k: Arc<Model>,
+    q3_k: Arc<Model>,
     /// qwen35moe: the rows of a verification batch route to different experts.
     moe: Arc<Model>,
     /// qwen3next: MoE, NEOX rotary, DeltaNet value heads grouped by key head.
@@ -60,6 +64,8 @@ fn models() -> &'static Models {
                 false,
             ),
             kquant: kquant_test_model(d, "k.gguf", 5),
+            q2_k: kquant_type_test_model(d, "k2.gguf", 7, TensorType::Q2_K),
+            q3_k: kquant_type_test_model(d, "k3.gguf", 8, TensorType::Q3_K),
             moe: test_model(
                 d,
                 "m.gguf",
@@ -229,7 +235,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..6,
+        model_kind in 0usize..8,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -250,7 +256,9 @@ proptest! {
             2 => &m.llama,
             3 => &m.kquant,
             4 => &m.moe,
-            _ => &m.next,
+            5 => &m.next,
+            6 => &m.q2_k,
+            _ => &m.q3_k,
         };
         // Only the Qwen3.5 family's files (dense, MoE, Qwen3-Next) have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };

@@ -335,6 +335,9 @@ pub(crate) unsafe fn dot_group(
                 KFormat::Q5K => tiles!(Q5K, pr, n, o),
                 KFormat::Q6K => tiles!(Q6K, pr, n, o),
                 KFormat::IQ4XS => tiles!(IQ4XS, pr, n, o),
+                KFormat::Q2K | KFormat::Q3K => {
+                    super::q23_avx2::dot_group(fmt, vnni, w, pr, n, o, ostride)
+                }
             }
             r += n;
         }

@@ -245,6 +245,7 @@ pub(crate) unsafe fn dot_group(
             KFormat::Q5K => tiles!(Q5K),
             KFormat::Q6K => tiles!(Q6K),
             KFormat::IQ4XS => tiles!(IQ4XS),
+            KFormat::Q2K | KFormat::Q3K => super::q23_avx512::dot_group(fmt, w, p, t, out, ostride),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Test models shared by the speculation tests.
 
+use specd_gguf::TensorType;
 use specd_models::{Model, ModelOptions};
 use specd_testmodel::{write_model, Mix, Preset, TestModelSpec, WeightStyle};
 use std::path::Path;
@@ -27,6 +28,21 @@ pub fn test_model(
 /// native quantised kernel runs in it. With an MTP head. Same tokenizer as the tiny preset.
 #[allow(dead_code)] // used by the exactness tests only
 pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
+    let mut spec = kquant_spec(seed);
+    spec.mix = Some(Mix::Q4KXl);
+    load(dir, name, &spec)
+}
+
+/// [`kquant_test_model`] with every matrix of one type (`wtype`: Q2_K, Q3_K: the formats no mix
+/// above holds).
+#[allow(dead_code)] // used by the exactness tests only
+pub fn kquant_type_test_model(dir: &Path, name: &str, seed: u64, wtype: TensorType) -> Arc<Model> {
+    let mut spec = kquant_spec(seed);
+    spec.wtype = wtype;
+    load(dir, name, &spec)
+}
+
+fn kquant_spec(seed: u64) -> TestModelSpec {
     let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
     spec.n_embd = 256;
     spec.n_ff = 256;
@@ -38,10 +54,9 @@ pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
     spec.ssm_d_state = 32;
     spec.ssm_n_group = 4;
     spec.ssm_n_v_heads = 8;
-    spec.mix = Some(Mix::Q4KXl);
     spec.seed = seed;
     spec.mtp = true;
-    load(dir, name, &spec)
+    spec
 }
 
 fn load(dir: &Path, name: &str, spec: &TestModelSpec) -> Arc<Model> {
