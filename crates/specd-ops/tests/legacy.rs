@@ -121,8 +121,26 @@ fn kernels_match_reference_on_every_level() {
                                 .zip(&xd[i * cols..(i + 1) * cols])
                                 .map(|(&a, &b)| (a as f64 * b as f64).abs())
                                 .sum();
+                            // The offset term uses `sx` rounded to f16 as ggml's Q8_1 stores it
+                            // (relative error ≤ 2⁻¹¹, plus 2⁻¹¹ from the unrounded `dx`).
+                            let bb = fmt.block_bytes();
+                            let offset_err: f64 = (0..cols / QK)
+                                .map(|b| {
+                                    if !fmt.has_min() {
+                                        return 0.0;
+                                    }
+                                    let at = o * (cols / QK) * bb + b * bb;
+                                    let raw = &w.bytes()[at..at + 4];
+                                    let m = half::f16::from_le_bytes([raw[2], raw[3]]).to_f64();
+                                    let sx: f64 = xd[i * cols + b * QK..i * cols + (b + 1) * QK]
+                                        .iter()
+                                        .map(|&v| v as f64)
+                                        .sum();
+                                    (m * sx).abs() * 2f64.powi(-10)
+                                })
+                                .sum();
                             assert!(
-                                (got as f64 - exact).abs() <= 1e-5 * scale + 1e-30,
+                                (got as f64 - exact).abs() <= 1e-5 * scale + offset_err + 1e-30,
                                 "{fmt:?} {isa:?} row {i} col {o}: {got} vs {exact} (scale {scale})"
                             );
                         }

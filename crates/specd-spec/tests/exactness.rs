@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 mod common;
-use common::{kquant_test_model, test_model};
+use common::{kquant_test_model, test_model, typed_test_model};
+use specd_gguf::TensorType;
 
 struct Models {
     _dir: tempfile::TempDir,
@@ -20,6 +21,8 @@ struct Models {
     llama: Arc<Model>,
     /// Quantised in a K-quant mix: every native quantised kernel.
     kquant: Arc<Model>,
+    /// Every matrix Q4_1, Q5_0, Q5_1 (one model each).
+    block32: [Arc<Model>; 3],
     /// qwen35moe: the rows of a verification batch route to different experts.
     moe: Arc<Model>,
     draft: Arc<Model>,
@@ -57,6 +60,8 @@ fn models() -> &'static Models {
                 false,
             ),
             kquant: kquant_test_model(d, "k.gguf", 5),
+            block32: [TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1]
+                .map(|t| typed_test_model(d, &format!("{t}.gguf"), t, 7)),
             moe: test_model(
                 d,
                 "m.gguf",
@@ -218,7 +223,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..5,
+        model_kind in 0usize..8,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -238,7 +243,8 @@ proptest! {
             1 => &m.repetitive,
             2 => &m.llama,
             3 => &m.kquant,
-            _ => &m.moe,
+            4 => &m.moe,
+            k => &m.block32[k - 5],
         };
         // Only the dense Qwen3.5 files have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };

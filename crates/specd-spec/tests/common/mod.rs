@@ -44,6 +44,22 @@ pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
     load(dir, name, &spec)
 }
 
+/// The tiny qwen35 preset with every matrix in `wtype` (the block-32 types Q4_1 / Q5_0 / Q5_1
+/// exercise their own kernels this way). With an MTP head.
+#[allow(dead_code)] // used by the exactness tests only
+pub fn typed_test_model(
+    dir: &Path,
+    name: &str,
+    wtype: specd_gguf::TensorType,
+    seed: u64,
+) -> Arc<Model> {
+    let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
+    spec.wtype = wtype;
+    spec.seed = seed;
+    spec.mtp = true;
+    load(dir, name, &spec)
+}
+
 fn load(dir: &Path, name: &str, spec: &TestModelSpec) -> Arc<Model> {
     let p = dir.join(name);
     write_model(spec, &p).unwrap();
