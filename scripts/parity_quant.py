@@ -6,7 +6,7 @@ Source models:
     every matrix row is a whole number of 256-weight super-blocks),
   * ../shared/models/qwen35-code-target-f32.gguf (trained weights; its GDN `ssm_out` rows are 128 wide,
     so llama-quantize falls back to a 32-block type for those six tensors).
-Each is quantised with `llama-quantize SRC OUT TYPE` for TYPE in Q4_K_M, Q6_K, IQ4_XS, Q3_K_M, Q2_K. Because the
+Each is quantised with `llama-quantize SRC OUT TYPE` for TYPE in Q4_K_M, Q6_K, IQ4_XS, Q3_K_M, Q2_K (or `--types ...`). Because the
 trained model's IQ4_XS file gets IQ4_NL fallback tensors, it is also quantised a second time with
 `--tensor-type ssm_out=q8_0`, so that the IQ4_XS kernels are also measured without the IQ4_NL ones
 (the variant was added when specd could not load IQ4_NL; it now runs IQ4_NL natively).
@@ -36,6 +36,7 @@ the rest of the file is kept), and as JSON into WORK/results.json.
 
 Usage: python3 scripts/parity_quant.py [--work /work/qm/parity] [--llama-bin DIR] [--specd PATH]
            [--positions 512] [--tokens 64] [--threads 1] [--out PARITY.md] [--no-avx2] [--only NAME ...]
+           [--types TYPE ...]
 """
 import argparse, datetime, json, os, re, shutil, subprocess, sys, threading, time, urllib.request
 
@@ -289,8 +290,8 @@ def make_models(a):
         print(f"skipping the trained model: {TRAINED} not found", file=sys.stderr)
     out = []
     for label, stem, src in sources:
-        variants = [(t, t, []) for t in TYPES]
-        if stem == "qwen35-code-target":
+        variants = [(t, t, []) for t in a.types]
+        if stem == "qwen35-code-target" and "IQ4_XS" in a.types:
             variants.append(("IQ4_XS, ssm_out=q8_0", "IQ4_XS", ["--tensor-type", "ssm_out=q8_0"]))
         for tlabel, t, extra in variants:
             name = f"{stem}-{t}" + ("-ssmq8" if extra else "") + ".gguf"
@@ -535,6 +536,8 @@ def main():
     ap.add_argument("--port", type=int, default=18291, help="llama-server's port; specd gets the next one")
     ap.add_argument("--out", default=os.path.join(ROOT, "PARITY.md"))
     ap.add_argument("--no-avx2", action="store_true", help="skip the SPECD_NO_AVX512=1 rerun")
+    ap.add_argument("--types", nargs="*", default=TYPES,
+                    help="llama-quantize types to measure (Q4_1, Q5_0, Q5_1 are measured with --types Q4_1 Q5_0 Q5_1)")
     ap.add_argument("--only", nargs="*", help="only files whose name contains one of these")
     ap.add_argument("--no-write", action="store_true", help="do not touch PARITY.md")
     a = ap.parse_args()

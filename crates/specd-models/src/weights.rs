@@ -2,15 +2,16 @@
 //!
 //! Types with a native kernel stay quantised: F32, F16 and BF16 stay in the memory map (no copy);
 //! Q8_0, Q4_0 and IQ4_NL are repacked once into 16-row interleaved groups on AVX2 and above
-//! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); the super-block formats (Q2_K,
-//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) are repacked the same way on every level
-//! (`specd_ops::kquant`). A quantised type without a kernel is converted once at load to the
-//! nearest native type that holds it (block-32 types to Q8_0, the other ≤ 4-bit super-block
-//! types to Q4_K), with a warning naming the tensor — never to F32. See `docs/quantisation.md`.
+//! (`specd_ops::pack`; `SPECD_NO_REPACK` keeps ggml's layout); Q4_1, Q5_0 and Q5_1
+//! (`specd_ops::legacy`) and the super-block formats (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS;
+//! `specd_ops::kquant`) are repacked the same way on every level. A quantised type without a
+//! kernel is converted once at load to the nearest native type that holds it (block-32 types to
+//! Q8_0, the other ≤ 4-bit super-block types to Q4_K), with a warning naming the tensor —
+//! never to F32. See `docs/quantisation.md`.
 
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};
-use specd_ops::{ByteSource, KFormat, Weight, WeightType};
+use specd_ops::{ByteSource, KFormat, LegacyFormat, Weight, WeightType};
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -39,6 +40,9 @@ fn native(t: TensorType) -> Option<WeightType> {
         TensorType::Q8_0 => WeightType::Q8_0,
         TensorType::Q4_0 => WeightType::Q4_0,
         TensorType::IQ4_NL => WeightType::IQ4NL,
+        TensorType::Q4_1 => WeightType::Legacy(LegacyFormat::Q4_1),
+        TensorType::Q5_0 => WeightType::Legacy(LegacyFormat::Q5_0),
+        TensorType::Q5_1 => WeightType::Legacy(LegacyFormat::Q5_1),
         TensorType::Q4_K => WeightType::K(KFormat::Q4K),
         TensorType::Q5_K => WeightType::K(KFormat::Q5K),
         TensorType::Q6_K => WeightType::K(KFormat::Q6K),
@@ -49,10 +53,8 @@ fn native(t: TensorType) -> Option<WeightType> {
     })
 }
 
-/// The native type a quantised type without a kernel is converted to: one that holds at least
-/// as many bits per weight. Q5_0 becomes Q8_0 exactly (see [`exact_q8_0`]); the others
-/// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
-/// weight).
+/// The native type a quantised type without a kernel is converted to (requantised from its
+/// values): one that holds at least as many bits per weight.
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
@@ -64,30 +66,6 @@ fn conversion_target(t: TensorType, cols: usize) -> TensorType {
         }
         _ => Q8_0,
     }
-}
-
-/// Q8_0 holding exactly the values of a block-32 type whose blocks are one f16 scale `d` (the
-/// first two bytes) times small integer levels (Q5_0: −16..15): each block keeps its `d` and
-/// stores the levels as i8 — found by dequantising the block with `d = 1`. `None` for other
-/// types (they are requantised).
-fn exact_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
-    if t != TensorType::Q5_0 {
-        return None;
-    }
-    let bb = t.type_size();
-    let mut out = Vec::with_capacity(bytes.len() / bb * 34);
-    let mut unit = vec![0u8; bb];
-    let mut levels = [0f32; 32];
-    for blk in bytes.chunks_exact(bb) {
-        unit.copy_from_slice(blk);
-        unit[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
-        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
-            return Some(Err(e.into()));
-        }
-        out.extend_from_slice(&blk[..2]);
-        out.extend(levels.iter().map(|&v| v as i8 as u8));
-    }
-    Some(Ok(out))
 }
 
 impl<'a> Loader<'a> {
@@ -191,10 +169,7 @@ impl<'a> Loader<'a> {
                     ModelError::Invalid(format!("conversion target {to} has no kernel"))
                 })?;
                 // Blocks never straddle rows, so the converted tensor splits into its matrices.
-                let bytes = match exact_q8_0(tt, view.bytes()) {
-                    Some(b) => b?,
-                    None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,
-                };
+                let bytes = specd_gguf::quant::quantize(to, &view.to_f32()?)?;
                 let per = wt.matrix_bytes(rows, cols);
                 if bytes.len() != n * per {
                     return Err(ModelError::Invalid(format!(
@@ -264,6 +239,8 @@ mod tests {
     use super::*;
     use specd_gguf::quant::{dequantize, quantize};
 
+    /// Q4_1 / Q5_0 / Q5_1 stay native: repacked, same size, and every row dequantises to
+    /// exactly the values of the GGUF reader's dequantisation.
     #[test]
     fn two_and_three_bit_k_quants_stay_native() {
         assert_eq!(native(TensorType::Q2_K), Some(WeightType::K(KFormat::Q2K)));
@@ -277,18 +254,32 @@ mod tests {
         assert_eq!(conversion_target(TensorType::IQ3_XXS, 96), TensorType::Q8_0);
     }
 
+    /// Q4_1 / Q5_0 / Q5_1 stay native: repacked, same size, and every row dequantises to
+    /// exactly the values of the GGUF reader's dequantisation.
     #[test]
-    fn q5_0_becomes_q8_0_exactly() {
-        let x: Vec<f32> = (0..32 * 64)
+    fn block32_types_stay_native_with_the_files_values() {
+        let (rows, cols) = (40, 96);
+        let x: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 401) as f32 - 200.0) * 1e-3 * (1 + i / 320) as f32)
             .collect();
-        let t = TensorType::Q5_0;
-        let src = quantize(t, &x).unwrap();
-        let q8 = exact_q8_0(t, &src).unwrap().unwrap();
-        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-        dequantize(t, &src, &mut a).unwrap();
-        dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
-        assert_eq!(a, b);
-        assert!(exact_q8_0(TensorType::Q4_1, &[]).is_none());
+        for (t, f) in [
+            (TensorType::Q4_1, LegacyFormat::Q4_1),
+            (TensorType::Q5_0, LegacyFormat::Q5_0),
+            (TensorType::Q5_1, LegacyFormat::Q5_1),
+        ] {
+            assert_eq!(native(t), Some(WeightType::Legacy(f)));
+            let src = quantize(t, &x).unwrap();
+            let mut want = vec![0f32; x.len()];
+            dequantize(t, &src, &mut want).unwrap();
+            let w = Weight::from_bytes(WeightType::Legacy(f), rows, cols, src.clone()).unwrap();
+            let p = specd_ops::pack::for_current_isa(&w).unwrap();
+            assert_eq!(p.wtype, WeightType::LegacyR16(f));
+            assert_eq!(p.size_bytes(), src.len());
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                p.dequantize_row(r, &mut row);
+                assert_eq!(row, want[r * cols..(r + 1) * cols], "{t} row {r}");
+            }
+        }
     }
 }

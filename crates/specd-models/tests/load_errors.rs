@@ -290,8 +290,11 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 #[test]
 fn k_quant_weights_load_and_compute_their_dequantised_values() {
-    // Native kernels: the super-block formats, IQ4_NL.
+    // Native kernels: the super-block formats, IQ4_NL, Q4_1 / Q5_0 / Q5_1.
     let types = [
+        TensorType::Q4_1,
+        TensorType::Q5_0,
+        TensorType::Q5_1,
         TensorType::Q4_K,
         TensorType::Q5_K,
         TensorType::Q6_K,
@@ -301,14 +304,6 @@ fn k_quant_weights_load_and_compute_their_dequantised_values() {
         TensorType::Q3_K,
     ];
     quantised_model_matches_its_values("native", &types, 0.03);
-}
-
-#[test]
-fn types_without_a_kernel_are_converted_not_blown_up() {
-    // Converted at load: Q5_0 to Q8_0 exactly, Q4_1 / Q5_1 requantised to Q8_0 (half a Q8_0
-    // step at most per weight) — as close as the native types.
-    let types = [TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1];
-    quantised_model_matches_its_values("to-q8_0", &types, 0.03);
 }
 
 /// A llama model 256 wide, so its matrices are whole super-blocks. Two copies: one with the

@@ -18,6 +18,7 @@ pub mod attention;
 pub mod conv;
 pub mod delta_net;
 pub mod kquant;
+pub mod legacy;
 pub mod matmul;
 pub mod norm;
 pub mod pack;
@@ -28,6 +29,7 @@ pub mod vec;
 pub mod weight;
 
 pub use kquant::KFormat;
+pub use legacy::LegacyFormat;
 pub use matmul::{matmul, matmul_many, matmul_with};
 pub use weight::{ByteSource, Weight, WeightType};
 

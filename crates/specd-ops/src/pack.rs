@@ -51,6 +51,14 @@ pub fn for_current_isa(w: &Weight) -> Result<Weight, OpsError> {
         }
         return Ok(w.clone());
     }
+    if let WeightType::Legacy(f) = w.wtype {
+        // Like the super-block formats: one interleaved layout, read on every level.
+        if w.rows >= GROUP {
+            let bytes = crate::legacy::pack(f, w.rows, w.cols, w.bytes());
+            return Weight::from_bytes(WeightType::LegacyR16(f), w.rows, w.cols, bytes);
+        }
+        return Ok(w.clone());
+    }
     if matches!(
         w.wtype,
         WeightType::Q8_0 | WeightType::Q4_0 | WeightType::IQ4NL

@@ -2,6 +2,7 @@
 //! usually borrowed from the memory-mapped model file without a copy.
 
 use crate::kquant::{self, KFormat};
+use crate::legacy::{self, LegacyFormat};
 use crate::OpsError;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -37,6 +38,11 @@ pub enum WeightType {
     /// A super-block format in the 16-row interleaved layout its kernels read (see
     /// [`crate::kquant`]): up to 2.8 % larger than ggml's layout.
     KR16(KFormat),
+    /// A block-32 type with an offset or a fifth bit (Q4_1, Q5_0, Q5_1) in ggml's layout, before
+    /// the load-time repack (see [`crate::legacy`]).
+    Legacy(LegacyFormat),
+    /// Such a type in its 16-row interleaved layout (see [`crate::legacy`]); same size.
+    LegacyR16(LegacyFormat),
 }
 
 impl WeightType {
@@ -49,7 +55,9 @@ impl WeightType {
             | WeightType::Q8_0R16
             | WeightType::Q4_0R16
             | WeightType::IQ4NL
-            | WeightType::IQ4NLR16 => 32,
+            | WeightType::IQ4NLR16
+            | WeightType::Legacy(_)
+            | WeightType::LegacyR16(_) => 32,
             WeightType::K(_) | WeightType::KR16(_) => kquant::QK_K,
         }
     }
@@ -61,6 +69,7 @@ impl WeightType {
             WeightType::Q8_0 | WeightType::Q8_0R16 => 34,
             WeightType::Q4_0 | WeightType::Q4_0R16 | WeightType::IQ4NL | WeightType::IQ4NLR16 => 18,
             WeightType::K(f) | WeightType::KR16(f) => f.block_bytes(),
+            WeightType::Legacy(f) | WeightType::LegacyR16(f) => f.block_bytes(),
         }
     }
     /// Bytes of one row of `cols` weights in ggml's layout.
@@ -97,6 +106,8 @@ impl WeightType {
             WeightType::IQ4NLR16 => "iq4_nl (16-row interleaved)",
             WeightType::K(f) => f.name(),
             WeightType::KR16(f) => f.name_r16(),
+            WeightType::Legacy(f) => f.name(),
+            WeightType::LegacyR16(f) => f.name_r16(),
         }
     }
 }
@@ -224,6 +235,10 @@ impl Weight {
             kquant::dequantize_packed_row(f, self.bytes(), self.rows, self.cols, r, out);
             return;
         }
+        if let WeightType::LegacyR16(f) = self.wtype {
+            legacy::dequantize_packed_row(f, self.bytes(), self.rows, self.cols, r, out);
+            return;
+        }
         let rb = self.row_bytes();
         if let Some(base) = self.wtype.interleaved_from() {
             crate::pack::dequantize_r16_row(base, self.bytes(), self.rows, self.cols, r, out);
@@ -262,6 +277,7 @@ pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
             }
         }
         WeightType::K(f) => kquant::dequantize_ggml(f, bytes, out),
+        WeightType::Legacy(f) => legacy::dequantize_ggml(f, bytes, out),
         WeightType::IQ4NL => {
             for (o, b) in out.chunks_exact_mut(32).zip(bytes.chunks_exact(18)) {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
@@ -271,7 +287,11 @@ pub(crate) fn dequantize(wtype: WeightType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        WeightType::Q8_0R16 | WeightType::Q4_0R16 | WeightType::IQ4NLR16 | WeightType::KR16(_) => {
+        WeightType::Q8_0R16
+        | WeightType::Q4_0R16
+        | WeightType::IQ4NLR16
+        | WeightType::KR16(_)
+        | WeightType::LegacyR16(_) => {
             // Rows are interleaved in groups: only `Weight::dequantize_row` knows where a row is.
             out.fill(f32::NAN);
             debug_assert!(false, "dequantize an interleaved matrix by row");

@@ -110,6 +110,9 @@ fn weight(wt: WeightType, rows: usize, cols: usize, seed: u64) -> Weight {
         WeightType::K(_) | WeightType::KR16(_) => {
             unreachable!("the super-block formats have their own tests (tests/kquant.rs)")
         }
+        WeightType::Legacy(_) | WeightType::LegacyR16(_) => {
+            unreachable!("Q4_1 / Q5_0 / Q5_1 have their own tests (tests/legacy.rs)")
+        }
     };
     Weight::from_bytes(wt, rows, cols, bytes).unwrap()
 }

@@ -24,6 +24,8 @@ struct Models {
     /// All Q2_K / all Q3_K matrices.
     q2_k: Arc<Model>,
     q3_k: Arc<Model>,
+    /// Every matrix Q4_1, Q5_0, Q5_1 (one model each).
+    block32: [Arc<Model>; 3],
     /// qwen35moe: the rows of a verification batch route to different experts.
     moe: Arc<Model>,
     /// qwen3next: MoE, NEOX rotary, DeltaNet value heads grouped by key head.
@@ -66,6 +68,8 @@ fn models() -> &'static Models {
             kquant: kquant_test_model(d, "k.gguf", 5),
             q2_k: kquant_type_test_model(d, "k2.gguf", 7, TensorType::Q2_K),
             q3_k: kquant_type_test_model(d, "k3.gguf", 8, TensorType::Q3_K),
+            block32: [TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1]
+                .map(|t| kquant_type_test_model(d, &format!("{t}.gguf"), 9, t)),
             moe: test_model(
                 d,
                 "m.gguf",
@@ -235,7 +239,7 @@ proptest! {
         prompts in proptest::collection::vec(proptest::collection::vec(0u32..1000, 1..24), 1..=4),
         drafter in 0usize..DRAFTERS.len(),
         rollback in 0usize..3,
-        model_kind in 0usize..8,
+        model_kind in 0usize..11,
         samp in 0usize..4,
         seed in 0u32..10_000,
         n_max in 1usize..10,
@@ -258,7 +262,8 @@ proptest! {
             4 => &m.moe,
             5 => &m.next,
             6 => &m.q2_k,
-            _ => &m.q3_k,
+            7 => &m.q3_k,
+            k => &m.block32[k - 8],
         };
         // Only the Qwen3.5 family's files (dense, MoE, Qwen3-Next) have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };

@@ -15,6 +15,7 @@ mod avx512;
 mod scalar;
 
 use crate::kquant::{self, KActs};
+use crate::legacy::{self, LegacyActs};
 use crate::pack::GROUP;
 use crate::parallel::{chunk_len, SyncPtr};
 use crate::quant::{quantize_row_i8s, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
@@ -73,11 +74,14 @@ pub fn matmul_many(
     let superblocks = ws
         .iter()
         .all(|w| matches!(w.wtype, WeightType::KR16(_)) && w.cols == cols);
+    let block32 = ws
+        .iter()
+        .all(|w| matches!(w.wtype, WeightType::LegacyR16(_)) && w.cols == cols);
     let fused = isa >= Isa::Avx2
         && ws
             .iter()
             .all(|w| w.wtype.interleaved_from().is_some() && w.cols == cols);
-    if !(fused || superblocks) || n == 0 {
+    if !(fused || superblocks || block32) || n == 0 {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             matmul_with(isa, x, n, w, out)?;
         }
@@ -98,6 +102,8 @@ pub fn matmul_many(
         .collect();
     if superblocks {
         kquant::run(isa, &targets, &KActs::new(x, n, cols), n);
+    } else if block32 {
+        legacy::run(isa, &targets, &LegacyActs::new(x, n, cols), n);
     } else {
         run_r16(isa, &targets, &I8Acts::new(x, n, cols), n);
     }
@@ -126,6 +132,11 @@ pub fn matmul_with(
     if let WeightType::K(_) | WeightType::KR16(_) = w.wtype {
         let targets = [(w, SyncPtr(out.as_mut_ptr()))];
         kquant::run(isa, &targets, &KActs::new(x, n, w.cols), n);
+        return Ok(());
+    }
+    if let WeightType::Legacy(_) | WeightType::LegacyR16(_) = w.wtype {
+        let targets = [(w, SyncPtr(out.as_mut_ptr()))];
+        legacy::run(isa, &targets, &LegacyActs::new(x, n, w.cols), n);
         return Ok(());
     }
     // IQ4_NL's only kernels read the interleaved layout: a matrix left in ggml's layout (fewer

@@ -33,8 +33,9 @@ pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
     load(dir, name, &spec)
 }
 
-/// [`kquant_test_model`] with every matrix of one type (`wtype`: Q2_K, Q3_K: the formats no mix
-/// above holds).
+/// [`kquant_test_model`]'s shape (rows of whole super-blocks) with every matrix of one type
+/// (`wtype`: the formats no mix holds — Q2_K, Q3_K, Q4_1, Q5_0, Q5_1 — get their kernels
+/// exercised this way).
 #[allow(dead_code)] // used by the exactness tests only
 pub fn kquant_type_test_model(dir: &Path, name: &str, seed: u64, wtype: TensorType) -> Arc<Model> {
     let mut spec = kquant_spec(seed);
