@@ -22,6 +22,13 @@ fn start_limited(extra: &[&str]) -> Server {
     Server::start_env(extra, &[("SPECD_MAX_BODY_BYTES", limit.as_str())])
 }
 
+/// Held by the tests that keep both cores busy tokenizing, so that they do not run at the same
+/// time: one of them times `/health`.
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Text of `n` bytes that tokenizes into many tokens (words, digits and punctuation).
 fn text(n: usize) -> String {
     let unit = "def f(x): return x * 42 + y_1 # note\n";
@@ -33,6 +40,7 @@ fn text(n: usize) -> String {
 /// threads and `/health` waited for seconds).
 #[test]
 fn health_answers_while_large_bodies_are_processed() {
+    let _alone = heavy();
     let s = start_limited(&["-c", "256", "-np", "1", "--threads-http", "2"]);
     let body = |path: &str| -> Vec<u8> {
         let t = text(BODY_LIMIT * 15 / 16);
@@ -584,8 +592,9 @@ fn peak_rss(pid: u32) -> u64 {
 /// The ids are those of the same text tokenized in small parts joined at line ends.
 #[test]
 fn tokenizing_a_large_body_takes_memory_near_its_size() {
+    let _alone = heavy();
     let s = Server::start(&["-c", "256", "-np", "1"]);
-    let n = 6_000_000;
+    let n = 3_000_000;
     let content = text(n);
     let before = peak_rss(s.child.id());
     let r = s.post("/tokenize", &json!({ "content": content }));
