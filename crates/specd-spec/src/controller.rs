@@ -215,6 +215,19 @@ impl CostModel {
         }
     }
 
+    /// The widths the controller prices with, as it sees them now: `(width, steps, measured)`
+    /// for every width from 1 to `max_width` — the estimate in one-row steps and whether that
+    /// width has samples of its own (else it is priced from its neighbours or the prior).
+    pub fn width_table(&self, max_width: usize) -> Vec<(usize, f64, bool)> {
+        (1..=max_width.min(MAX_WIDTH))
+            .map(|w| {
+                // cost() in units of the one-row step (the prior's slope before any step).
+                let steps = self.cost(w) / self.cost(1).max(f64::MIN_POSITIVE);
+                (w, steps, w == 1 || self.units[w].is_some())
+            })
+            .collect()
+    }
+
     /// Records that a decode of `width` rows took `secs`.
     pub fn observe(&mut self, width: usize, secs: f64) {
         if width == 0 || width > MAX_WIDTH || !secs.is_finite() || secs <= 0.0 {
@@ -726,6 +739,24 @@ mod tests {
             c.observe(4, 4);
         }
         assert_eq!(c.choose(8, 0, &cost), 8);
+    }
+
+    #[test]
+    fn width_table_reports_steep_moe_widths_as_measured() {
+        // MoE-like: each row brings its own experts, so 2 rows cost ~2 steps and 4 rows ~3.4.
+        let mut cost = CostModel::default().warmed();
+        cost.observe(1, 0.010);
+        cost.observe(2, 0.020);
+        cost.observe(4, 0.034);
+        let t = cost.width_table(5);
+        assert_eq!(t.len(), 5);
+        let flags: Vec<bool> = t.iter().map(|x| x.2).collect();
+        assert_eq!(flags, [true, true, false, true, false]);
+        assert!((t[0].1 - 1.0).abs() < 1e-9);
+        assert!((t[1].1 - 2.0).abs() < 1e-9, "{t:?}");
+        assert!((t[2].1 - 2.7).abs() < 1e-9, "interpolated: {t:?}");
+        assert!((t[3].1 - 3.4).abs() < 1e-9, "{t:?}");
+        assert!(t[4].1 > t[3].1, "extended: {t:?}");
     }
 
     #[test]
