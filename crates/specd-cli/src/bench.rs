@@ -719,22 +719,29 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             );
         }
     }
-    // What the controller priced the widths at, for the zero-acceptance runs (the runs where
-    // only those prices keep speculation from costing time).
-    let zero: Vec<&SpecRow> = rep
+    // What the controller priced the widths at by the end of each synthetic run: at high rates
+    // it drafts and measures the widths it verifies; at rate 0 it soon stops drafting, and the
+    // widths keep their prior prices.
+    let priced: Vec<&SpecRow> = rep
         .synth
         .iter()
-        .filter(|r| r.rate == Some(0.0) && !r.controller_widths.is_empty())
+        .filter(|r| !r.controller_widths.is_empty())
         .collect();
-    if !zero.is_empty() {
-        println!("\ncontroller width prices at rate 0 (steps of a one-row decode; * measured):");
-        for r in zero {
+    if !priced.is_empty() {
+        println!("\ncontroller width prices (steps of a one-row decode; * measured):");
+        for r in priced {
             let ws: Vec<String> = r
                 .controller_widths
                 .iter()
                 .map(|(w, u, m)| format!("{w}:{u:.2}{}", if *m { "*" } else { "" }))
                 .collect();
-            println!("  {} {}: {}", r.drafter, r.rollback, ws.join(" "));
+            let rate = r.rate.map_or("-".into(), |x| format!("{x}"));
+            println!(
+                "  {} {} rate {rate}: {}",
+                r.drafter,
+                r.rollback,
+                ws.join(" ")
+            );
         }
     }
     Ok(())
