@@ -94,7 +94,18 @@ pub struct CostModel {
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
     /// paths, unlimited without recurrent state.
     fast_window: usize,
+    /// Verification batches (two rows or more) decoded since the last one-row step.
+    since_step: u32,
 }
+
+/// Verification batches after which the one-row step is measured again (one plain round,
+/// [`CostModel::wants_step`]). A sequence that always drafts (high acceptance) never decodes a
+/// single row, and every width is priced in steps: without a step its samples wait in seconds
+/// and the widths keep the prior's slope — on a MoE model a batch of 9 rows cost ~5 steps
+/// where the prior said 2.6, and drafting at 75 % acceptance ran at 0.9x plain. A stale step
+/// misprices plain decoding against the widths the same way. One round in this many costs at
+/// most its draft's gain (under 1 % at 8 accepted tokens a round).
+const STEP_REFRESH: u32 = 128;
 
 /// Widths the cost model keeps (wider batches are priced as the widest).
 const MAX_WIDTH: usize = 65;
@@ -115,6 +126,7 @@ impl Default for CostModel {
             count: vec![0; MAX_WIDTH + 1],
             warm: vec![false; 2 * (MAX_WIDTH + 1) + 2],
             fast_window: usize::MAX,
+            since_step: 0,
         }
     }
 }
@@ -215,6 +227,14 @@ impl CostModel {
         }
     }
 
+    /// Whether the next round should decode one row (draft nothing) to measure the step the
+    /// widths are priced in: none measured since verification batches were, or the last one
+    /// is [`STEP_REFRESH`] batches old.
+    pub fn wants_step(&self) -> bool {
+        let limit = if self.step.is_none() { 1 } else { STEP_REFRESH };
+        self.since_step >= limit
+    }
+
     /// The widths the controller prices with, as it sees them now: `(width, steps, measured)`
     /// for every width from 1 to `max_width` — the estimate in one-row steps and whether that
     /// width has samples of its own (else it is priced from its neighbours or the prior).
@@ -234,6 +254,7 @@ impl CostModel {
             return;
         }
         if width == 1 {
+            self.since_step = 0;
             let first = self.step.is_none();
             self.step = ema(self.step, secs, COST_RATE);
             let mut forgot = false;
@@ -282,6 +303,7 @@ impl CostModel {
             }
             return;
         }
+        self.since_step = self.since_step.saturating_add(1);
         if self.cold(width) {
             return;
         }
@@ -569,8 +591,12 @@ impl Controller {
     /// for a draft that is already made (its cost is spent, only verification counts). The
     /// sequence's first decision, and a model drafter's probe (see [`Controller::plan`]),
     /// verify at least `max(n_min, 1)` tokens (none when fewer are available: a draft shorter
-    /// than `n_min` is never used).
+    /// than `n_min` is never used). Otherwise 0 while the cost model wants a one-row step
+    /// ([`CostModel::wants_step`]).
     pub fn choose(&self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        if !self.first && cost.wants_step() {
+            return 0;
+        }
         let n = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
         if (self.first || self.probing) && available >= n_min.max(1) {
             return n.max(n_min.max(1));
@@ -584,6 +610,12 @@ impl Controller {
     /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`]. The
     /// sequence's first plan asks for at least `max(n_min, 1)` tokens.
     pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        if !self.first && cost.wants_step() {
+            // A plain round to measure the step: the drafter skips it and catches up next time.
+            self.probing = false;
+            self.drafter_in_sync = false;
+            return 0;
+        }
         let d = self.draft_secs.unwrap_or(0.0);
         let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
         self.probing = false;
@@ -739,6 +771,32 @@ mod tests {
             c.observe(4, 4);
         }
         assert_eq!(c.choose(8, 0, &cost), 8);
+    }
+
+    #[test]
+    fn always_drafting_still_measures_the_step_the_widths_are_priced_in() {
+        // Full acceptance from the start: only 9-row batches, each ~5 steps (a MoE model).
+        let mut cost = CostModel::default().warmed();
+        let mut c = Controller::new(8);
+        for _ in 0..20 {
+            c.observe(8, 8);
+        }
+        cost.observe(9, 0.050);
+        // No step: the width waits in seconds and is priced from the prior's slope.
+        assert!(cost.wants_step());
+        assert_eq!(c.choose(8, 0, &cost), 0, "a plain round measures the step");
+        cost.observe(1, 0.010);
+        assert!(!cost.wants_step());
+        assert!((cost.cost(9) / cost.cost(1) - 5.0).abs() < 1e-9);
+        assert_eq!(c.choose(8, 0, &cost), 8);
+        // Then once every STEP_REFRESH verification batches.
+        for _ in 0..STEP_REFRESH - 1 {
+            cost.observe(9, 0.050);
+        }
+        assert!(!cost.wants_step());
+        cost.observe(9, 0.050);
+        assert!(cost.wants_step());
+        assert_eq!(c.choose(8, 0, &cost), 0);
     }
 
     #[test]
