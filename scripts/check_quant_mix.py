@@ -10,11 +10,14 @@ For every preset and mix:
      gguf-py's GGUFReader).
 With --run, every specd-written file is also loaded and run by `llama-simple -n 8 "def"`.
 
+MoE presets (qwen35moe-*, qwen3next-*) check llama-quantize's expert rules too: the tiny ones have 8
+experts (llama.cpp's 8-expert attention promotions), the small ones 16.
+
 Mixes without a llama.cpp counterpart (q4_k_xl, specd's own dynamic mix) are only run, not compared.
 
 Usage (llama.cpp built by ../shared/tools/build-llamacpp.sh; needs numpy):
   python3 scripts/check_quant_mix.py [--specd target/release/specd] [--llama ~/.cache/specd-peer/llama.cpp]
-      [--presets qwen35-tiny qwen35-small llama-small] [--mixes q4_k_m q5_k_m q6_k iq4_xs] [--mtp] [--run]
+      [--presets qwen35-tiny qwen35-small llama-small qwen35moe-tiny qwen35moe-small] [--mixes q4_k_m q5_k_m q6_k iq4_xs] [--mtp] [--run]
 Exit status 0 when every compared file matches and every run succeeds.
 """
 import argparse

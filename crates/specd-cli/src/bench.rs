@@ -196,6 +196,9 @@ struct SpecRow {
     acceptance_rate: f64,
     accepted_per_position: Vec<f64>,
     stats: SpecStats,
+    /// The draft-length controller's width prices at the end of the run: `[width, steps,
+    /// measured]` (steps of one one-row decode; unmeasured widths are estimated).
+    controller_widths: Vec<(usize, f64, bool)>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -338,6 +341,8 @@ struct RunResult {
     tokens: usize,
     secs: f64,
     stats: SpecStats,
+    /// [`specd_spec::controller::CostModel::width_table`] after the last turn.
+    widths: Vec<(usize, f64, bool)>,
 }
 
 impl RunResult {
@@ -374,6 +379,7 @@ fn run_workload(
         tokens: 0,
         secs: 0.0,
         stats: SpecStats::default(),
+        widths: Vec::new(),
     };
     let cfg = MemoryConfig {
         n_ctx: 8192,
@@ -408,6 +414,9 @@ fn run_workload(
         res.secs += t0.elapsed().as_secs_f64() - out.prompt_secs;
         res.tokens += out.tokens.len();
         res.stats.merge(&out.stats);
+        if spec.enabled() {
+            res.widths = engine.cost_model().width_table(spec.n_max + 1);
+        }
         if !spec.enabled() && references.len() == ti {
             let mut r = prompt.clone();
             r.extend_from_slice(&out.tokens);
@@ -448,6 +457,7 @@ fn row(
             .map(|(&acc, &d)| if d == 0 { 0.0 } else { acc as f64 / d as f64 })
             .collect(),
         stats: st.clone(),
+        controller_widths: r.widths.clone(),
     }
 }
 
@@ -706,6 +716,31 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                 r.acceptance_length,
                 r.acceptance_rate,
                 app.join(" ")
+            );
+        }
+    }
+    // What the controller priced the widths at by the end of each synthetic run: at high rates
+    // it drafts and measures the widths it verifies; at rate 0 it soon stops drafting, and the
+    // widths keep their prior prices.
+    let priced: Vec<&SpecRow> = rep
+        .synth
+        .iter()
+        .filter(|r| !r.controller_widths.is_empty())
+        .collect();
+    if !priced.is_empty() {
+        println!("\ncontroller width prices (steps of a one-row decode; * measured):");
+        for r in priced {
+            let ws: Vec<String> = r
+                .controller_widths
+                .iter()
+                .map(|(w, u, m)| format!("{w}:{u:.2}{}", if *m { "*" } else { "" }))
+                .collect();
+            let rate = r.rate.map_or("-".into(), |x| format!("{x}"));
+            println!(
+                "  {} {} rate {rate}: {}",
+                r.drafter,
+                r.rollback,
+                ws.join(" ")
             );
         }
     }

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct MakeModelArgs {
-    /// Shape: qwen35-tiny, qwen35-small, qwen35-0.8b, qwen35-9b, llama-tiny, llama-small.
+    /// Shape: qwen35-tiny, qwen35-small, qwen35-0.8b, qwen35-9b, qwen35moe-tiny,
+    /// qwen35moe-small, qwen35moe-35b-a3b, qwen35moe-35b-a3b-4l, qwen3next-tiny, qwen3next-small,
+    /// llama-tiny, llama-small.
     #[arg(long, default_value = "qwen35-tiny")]
     preset: String,
     /// Weights: a llama-quantize mix (q4_k_m, q5_k_m, q6_k, iq4_xs, q4_k_xl: per-tensor types

@@ -284,3 +284,35 @@ fn qwen3next_routes_tokens_to_varied_experts_and_names_missing_tensors() {
         assert!(e.to_string().contains(t), "{e}");
     }
 }
+
+/// K-quant experts (the Q4_K_M mix of qwen35moe-small: Q4_K gate/up, Q4_K or Q6_K down): a
+/// token decoded alone (the one-row path, every selected expert's gate/up in one call) gets
+/// the bits it gets as a row of a batch (experts grouped by the rows that chose them).
+#[test]
+fn k_quant_experts_give_one_row_the_bits_of_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("moe-q4km.gguf");
+    let mut spec = TestModelSpec::preset(Preset::Qwen35MoeSmall);
+    spec.mix = Some(specd_testmodel::Mix::Q4_K_M);
+    write_model(&spec, &p).unwrap();
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 337 + 11) % 4000).collect();
+    let batched = logits(&p, &tokens);
+    let m = Model::load(&p, opts()).unwrap();
+    let mut mem = m.new_memory(MemoryConfig {
+        n_ctx: 64,
+        max_seqs: 1,
+        rollback: RollbackMode::Replay,
+        ..Default::default()
+    });
+    let nv = batched.len() / tokens.len();
+    for (i, &t) in tokens.iter().enumerate() {
+        let one = m
+            .decode(&mut mem, &Batch::from_tokens(&[t], i as u32, 0, true))
+            .unwrap()
+            .logits;
+        assert!(
+            one == batched[i * nv..(i + 1) * nv],
+            "position {i}: one-row logits differ from the batch's"
+        );
+    }
+}

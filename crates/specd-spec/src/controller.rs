@@ -101,7 +101,18 @@ pub struct CostModel {
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
     /// paths, unlimited without recurrent state.
     fast_window: usize,
+    /// Verification batches (two rows or more) decoded since the last one-row step.
+    since_step: u32,
 }
+
+/// Verification batches after which the one-row step is measured again (one plain round,
+/// [`CostModel::wants_step`]). A sequence that always drafts (high acceptance) never decodes a
+/// single row, and every width is priced in steps: without a step its samples wait in seconds
+/// and the widths keep the prior's slope — on a MoE model a batch of 9 rows cost ~5 steps
+/// where the prior said 2.6, and drafting at 75 % acceptance ran at 0.9x plain. A stale step
+/// misprices plain decoding against the widths the same way. One round in this many costs at
+/// most its draft's gain (under 1 % at 8 accepted tokens a round).
+const STEP_REFRESH: u32 = 128;
 
 /// Widths the cost model keeps (wider batches are priced as the widest).
 const MAX_WIDTH: usize = 65;
@@ -122,6 +133,7 @@ impl Default for CostModel {
             count: vec![0; MAX_WIDTH + 1],
             warm: vec![false; 2 * (MAX_WIDTH + 1) + 2],
             fast_window: usize::MAX,
+            since_step: 0,
         }
     }
 }
@@ -222,12 +234,34 @@ impl CostModel {
         }
     }
 
+    /// Whether the next round should decode one row (draft nothing) to measure the step the
+    /// widths are priced in: none measured since verification batches were, or the last one
+    /// is [`STEP_REFRESH`] batches old.
+    pub fn wants_step(&self) -> bool {
+        let limit = if self.step.is_none() { 1 } else { STEP_REFRESH };
+        self.since_step >= limit
+    }
+
+    /// The widths the controller prices with, as it sees them now: `(width, steps, measured)`
+    /// for every width from 1 to `max_width` — the estimate in one-row steps and whether that
+    /// width has samples of its own (else it is priced from its neighbours or the prior).
+    pub fn width_table(&self, max_width: usize) -> Vec<(usize, f64, bool)> {
+        (1..=max_width.min(MAX_WIDTH))
+            .map(|w| {
+                // cost() in units of the one-row step (the prior's slope before any step).
+                let steps = self.cost(w) / self.cost(1).max(f64::MIN_POSITIVE);
+                (w, steps, w == 1 || self.units[w].is_some())
+            })
+            .collect()
+    }
+
     /// Records that a decode of `width` rows took `secs`.
     pub fn observe(&mut self, width: usize, secs: f64) {
         if width == 0 || width > MAX_WIDTH || !secs.is_finite() || secs <= 0.0 {
             return;
         }
         if width == 1 {
+            self.since_step = 0;
             let first = self.step.is_none();
             self.step = ema(self.step, secs, COST_RATE);
             let mut forgot = false;
@@ -276,6 +310,7 @@ impl CostModel {
             }
             return;
         }
+        self.since_step = self.since_step.saturating_add(1);
         if self.cold(width) {
             return;
         }
@@ -576,8 +611,13 @@ impl Controller {
     /// for a draft that is already made (its cost is spent, only verification counts). The
     /// sequence's first decision, and a model drafter's probe (see [`Controller::plan`]),
     /// verify at least `max(n_min, 1)` tokens (none when fewer are available: a draft shorter
-    /// than `n_min` is never used).
+    /// than `n_min` is never used). Otherwise 0 while the cost model wants a one-row step
+    /// ([`CostModel::wants_step`]).
     pub fn choose(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        if !self.first && cost.wants_step() {
+            self.priced = Some((0, cost.cost(1)));
+            return 0;
+        }
         let (mut n, _) = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
         if (self.first || self.probing) && available >= n_min.max(1) {
             n = n.max(n_min.max(1));
@@ -638,6 +678,12 @@ impl Controller {
     /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`]. The
     /// sequence's first plan asks for at least `max(n_min, 1)` tokens.
     pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        if !self.first && cost.wants_step() {
+            // A plain round to measure the step: the drafter skips it and catches up next time.
+            self.probing = false;
+            self.drafter_in_sync = false;
+            return 0;
+        }
         let d = self.draft_secs.unwrap_or(0.0);
         let (n, _) = self.best(available, n_min, cost, d, |i| self.estimate(i));
         self.probing = false;
@@ -797,6 +843,50 @@ mod tests {
             c.observe(4, 4);
         }
         assert_eq!(c.choose(8, 0, &cost), 8);
+    }
+
+    #[test]
+    fn always_drafting_still_measures_the_step_the_widths_are_priced_in() {
+        // Full acceptance from the start: only 9-row batches, each ~5 steps (a MoE model).
+        let mut cost = CostModel::default().warmed();
+        let mut c = Controller::new(8);
+        for _ in 0..20 {
+            c.observe(8, 8);
+        }
+        cost.observe(9, 0.050);
+        // No step: the width waits in seconds and is priced from the prior's slope.
+        assert!(cost.wants_step());
+        assert_eq!(c.choose(8, 0, &cost), 0, "a plain round measures the step");
+        cost.observe(1, 0.010);
+        assert!(!cost.wants_step());
+        assert!((cost.cost(9) / cost.cost(1) - 5.0).abs() < 1e-9);
+        assert_eq!(c.choose(8, 0, &cost), 8);
+        // Then once every STEP_REFRESH verification batches.
+        for _ in 0..STEP_REFRESH - 1 {
+            cost.observe(9, 0.050);
+        }
+        assert!(!cost.wants_step());
+        cost.observe(9, 0.050);
+        assert!(cost.wants_step());
+        assert_eq!(c.choose(8, 0, &cost), 0);
+    }
+
+    #[test]
+    fn width_table_reports_steep_moe_widths_as_measured() {
+        // MoE-like: each row brings its own experts, so 2 rows cost ~2 steps and 4 rows ~3.4.
+        let mut cost = CostModel::default().warmed();
+        cost.observe(1, 0.010);
+        cost.observe(2, 0.020);
+        cost.observe(4, 0.034);
+        let t = cost.width_table(5);
+        assert_eq!(t.len(), 5);
+        let flags: Vec<bool> = t.iter().map(|x| x.2).collect();
+        assert_eq!(flags, [true, true, false, true, false]);
+        assert!((t[0].1 - 1.0).abs() < 1e-9);
+        assert!((t[1].1 - 2.0).abs() < 1e-9, "{t:?}");
+        assert!((t[2].1 - 2.7).abs() < 1e-9, "interpolated: {t:?}");
+        assert!((t[3].1 - 3.4).abs() < 1e-9, "{t:?}");
+        assert!(t[4].1 > t[3].1, "extended: {t:?}");
     }
 
     #[test]

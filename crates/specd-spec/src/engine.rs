@@ -319,6 +319,10 @@ impl Engine {
         }
     }
 
+    /// The measured costs of verification widths the draft-length controller plans with.
+    pub fn cost_model(&self) -> &CostModel {
+        &self.cost
+    }
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model

@@ -20,6 +20,12 @@
 //!   to Q5_K.
 //! * Everything else (attn_q/k/output, the DeltaNet's attn_gate, ssm_alpha, ssm_beta, ssm_out,
 //!   ffn_gate/up, the MTP block's eh_proj) keeps the base type.
+//! * Mixture-of-experts models (`expert_count` > 1; 3-D expert tensors are quantised like
+//!   matrices, the router `ffn_gate_inp` is never quantised): the ffn_down rule's layer is the
+//!   `blk.N` of the tensor's name instead of the running count, so a layer's routed
+//!   (`ffn_down_exps`) and shared (`ffn_down_shexp`) down projections are promoted together.
+//!   With exactly 8 experts, attn_v-like tensors and `attn_k` become Q8_0 in every mix here,
+//!   and `attn_output` Q5_K in Q4_K_M and IQ4_XS.
 //! * Finally the row-length fallback: a type whose block does not divide the row length (`ne[0]`)
 //!   is replaced — Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL, Q2_K / Q3_K → Q4_0 —
 //!   and by F16 if even that block does not fit. (llama.cpp's current source sends Q2_K / Q3_K to
@@ -135,6 +141,8 @@ pub struct ModelInfo {
     pub n_gqa: usize,
     /// `block_count` (trunk layers plus MTP blocks): the layer count of the ffn_down rules.
     pub n_blocks: usize,
+    /// `expert_count` (0 for dense models).
+    pub n_expert: usize,
 }
 
 /// llama.cpp's "use more bits" layer pattern: the first and last eighth of the layers and every
@@ -252,6 +260,7 @@ pub fn plan(
         .filter(|(n, _)| category(n) == Category::AttnVLike)
         .count();
     let (mut i_wv, mut i_down) = (0usize, 0usize);
+    let moe = info.n_expert > 1;
     for i in order {
         let (name, dims) = tensors[i];
         if !is_quantisable(name, dims) {
@@ -264,11 +273,20 @@ pub fn plan(
             Quant::Uniform(t) => t,
             Quant::Mix(m) => {
                 let cat = category(name);
+                // In MoE models llama.cpp takes the ffn_down layer from the name (expert
+                // tensors of other models are not always stored in layer order).
+                let down_layer = if moe && cat == Category::FfnDown {
+                    usize::try_from(layer_of(name))
+                        .map_err(|_| format!("{name}: no layer number in the name"))?
+                } else {
+                    i_down
+                };
                 let at = Position {
                     tied,
                     n_gqa: info.n_gqa,
+                    n_expert: info.n_expert,
                     wv: (i_wv, n_wv),
-                    down: (i_down, info.n_blocks),
+                    down: (down_layer, info.n_blocks),
                 };
                 let t = rule(m, name, cat, ne0, at);
                 // The counters advance only where llama.cpp's branches advance them.
@@ -296,6 +314,7 @@ struct Position {
     /// No `output.weight`: the embedding doubles as the LM head.
     tied: bool,
     n_gqa: usize,
+    n_expert: usize,
     /// (index among attn_v-like tensors, their count).
     wv: (usize, usize),
     /// (index among ffn_down tensors, layer count).
@@ -308,6 +327,7 @@ fn rule(m: Mix, name: &str, cat: Category, ne0: u64, at: Position) -> TensorType
     let Position {
         tied,
         n_gqa,
+        n_expert,
         wv: (i_wv, n_wv),
         down: (i_down, n_down),
     } = at;
@@ -342,6 +362,10 @@ fn rule(m: Mix, name: &str, cat: Category, ne0: u64, at: Position) -> TensorType
         };
     }
     match (m, cat) {
+        // llama.cpp's special case for 8-expert models (Mixtral-like): cheap extra bits on the
+        // small attention projections.
+        (_, AttnVLike | AttnK) if n_expert == 8 => T::Q8_0,
+        (Mix::Q4_K_M | Mix::IQ4_XS, AttnOutput) if n_expert == 8 => T::Q5_K,
         (Mix::IQ4_XS, AttnVLike) if n_gqa >= 4 => T::Q5_K,
         (Mix::Q4_K_M | Mix::Q5_K_M, AttnVLike) if use_more_bits(i_wv, n_wv) => T::Q6_K,
         (Mix::Q4_K_M | Mix::Q5_K_M, FfnDown) if use_more_bits(i_down, n_down) => T::Q6_K,
@@ -394,7 +418,16 @@ mod tests {
             .map(|(n, d)| (n.as_str(), d.as_slice()))
             .collect();
         let n_blocks = list.iter().map(|(n, _)| layer_of(n) + 1).max().unwrap_or(0) as usize;
-        let types = plan(q, &l, ModelInfo { n_gqa, n_blocks }).unwrap();
+        let types = plan(
+            q,
+            &l,
+            ModelInfo {
+                n_gqa,
+                n_blocks,
+                n_expert: 0,
+            },
+        )
+        .unwrap();
         list.iter().map(|(n, _)| n.clone()).zip(types).collect()
     }
 
@@ -526,6 +559,7 @@ mod tests {
             ModelInfo {
                 n_gqa: 2,
                 n_blocks: 4,
+                n_expert: 0,
             },
         )
         .unwrap_err();
@@ -561,6 +595,107 @@ mod tests {
         };
         let q4 = count(&|t| matches!(t, T::Q4_K | T::IQ4_XS | T::IQ4_NL));
         assert!(q4 * 2 > count(&|t| t != T::F32), "{q4}");
+    }
+
+    /// `qwen35(n, ...)` with llama.cpp's qwen35moe FFN: router, stacked experts, shared expert.
+    fn qwen35moe(n: usize, h: u64, ff: u64) -> Vec<(String, Vec<u64>)> {
+        let mut v = Vec::new();
+        for (name, dims) in qwen35(n, h, ff, false) {
+            let Some(rest) = name.strip_suffix(".weight").and_then(|r| {
+                ["ffn_gate", "ffn_up", "ffn_down"]
+                    .iter()
+                    .find(|f| r.ends_with(*f))
+                    .map(|f| (r.trim_end_matches(f).to_string(), *f))
+            }) else {
+                v.push((name, dims));
+                continue;
+            };
+            let (prefix, f) = rest;
+            if f == "ffn_gate" {
+                v.push((format!("{prefix}ffn_gate_inp.weight"), vec![h, 16]));
+                v.push((format!("{prefix}ffn_gate_inp_shexp.weight"), vec![h]));
+            }
+            let exp = if f == "ffn_down" {
+                vec![ff, h, 16]
+            } else {
+                vec![h, ff, 16]
+            };
+            v.push((format!("{prefix}{f}_exps.weight"), exp));
+            v.push((format!("{prefix}{f}_shexp.weight"), dims));
+        }
+        v
+    }
+
+    fn run_moe(q: Quant, list: &[(String, Vec<u64>)], n_expert: usize) -> Vec<TensorType> {
+        let l: Vec<(&str, &[u64])> = list
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        let n_blocks = list.iter().map(|(n, _)| layer_of(n) + 1).max().unwrap_or(0) as usize;
+        let info = ModelInfo {
+            n_gqa: 2,
+            n_blocks,
+            n_expert,
+        };
+        plan(q, &l, info).unwrap()
+    }
+
+    #[test]
+    fn moe_ffn_down_follows_the_layer_in_the_name() {
+        let list = qwen35moe(16, 256, 512);
+        let types = run_moe(Quant::Mix(Mix::Q4_K_M), &list, 16);
+        let p: Vec<(String, TensorType)> = list.iter().map(|(n, _)| n.clone()).zip(types).collect();
+        for i in 0..16 {
+            let want = if use_more_bits(i, 16) {
+                T::Q6_K
+            } else {
+                T::Q4_K
+            };
+            // Two ffn_down tensors per layer: a running count would drift by a factor of two.
+            assert_eq!(
+                ty(&p, &format!("blk.{i}.ffn_down_exps.weight")),
+                want,
+                "{i}"
+            );
+            assert_eq!(
+                ty(&p, &format!("blk.{i}.ffn_down_shexp.weight")),
+                want,
+                "{i}"
+            );
+            assert_eq!(ty(&p, &format!("blk.{i}.ffn_up_exps.weight")), T::Q4_K);
+            assert_eq!(ty(&p, &format!("blk.{i}.ffn_gate_shexp.weight")), T::Q4_K);
+            assert_eq!(ty(&p, &format!("blk.{i}.ffn_gate_inp.weight")), T::F32);
+            assert_eq!(
+                ty(&p, &format!("blk.{i}.ffn_gate_inp_shexp.weight")),
+                T::F32
+            );
+        }
+        // Not 8 experts: attention keeps the dense rules.
+        assert_eq!(ty(&p, "blk.3.attn_k.weight"), T::Q4_K);
+        assert_eq!(ty(&p, "blk.3.attn_output.weight"), T::Q4_K);
+        assert_eq!(ty(&p, "blk.0.attn_qkv.weight"), T::Q6_K);
+    }
+
+    #[test]
+    fn eight_experts_promote_attention() {
+        let list = qwen35moe(8, 256, 512);
+        let names: Vec<&str> = list.iter().map(|(n, _)| n.as_str()).collect();
+        let at = |types: &[TensorType], name: &str| {
+            types[names.iter().position(|n| *n == name).unwrap()]
+        };
+        for m in [Mix::Q4_K_M, Mix::Q5_K_M, Mix::Q6_K, Mix::IQ4_XS] {
+            let t = run_moe(Quant::Mix(m), &list, 8);
+            assert_eq!(at(&t, "blk.3.attn_v.weight"), T::Q8_0, "{m:?}");
+            assert_eq!(at(&t, "blk.1.attn_qkv.weight"), T::Q8_0, "{m:?}");
+            assert_eq!(at(&t, "blk.3.attn_k.weight"), T::Q8_0, "{m:?}");
+            let out = if matches!(m, Mix::Q4_K_M | Mix::IQ4_XS) {
+                T::Q5_K
+            } else {
+                m.base()
+            };
+            assert_eq!(at(&t, "blk.3.attn_output.weight"), out, "{m:?}");
+            assert_eq!(at(&t, "blk.3.attn_q.weight"), m.base(), "{m:?}");
+        }
     }
 
     #[test]

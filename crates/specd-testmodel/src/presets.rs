@@ -57,6 +57,14 @@ pub enum Preset {
     /// qwen35moe, 8 layers, hidden 256, 16 experts of width 128 (4 per token) + a shared
     /// expert of 256.
     Qwen35MoeSmall,
+    /// qwen35moe at Qwen3.5-35B-A3B's widths: 40 layers (10 × (3 DeltaNet + 1 attention)),
+    /// hidden 2048, 256 experts of 512 (8 per token) + a shared expert of 512, 16 query / 2 KV
+    /// heads of 256, DeltaNet 32 value / 16 key heads of 128; the test vocabulary. Written as
+    /// Q4_K_M (~20 GB): benchmarks only, never in CI.
+    Qwen35Moe35bA3b,
+    /// The same widths with 4 layers (3 DeltaNet + 1 attention), ~2 GB as Q4_K_M: per-layer
+    /// MoE benchmarks.
+    Qwen35Moe35bA3b4l,
     /// qwen3next, 4 layers, hidden 64, 8 experts of width 32 (2 per token) + a shared expert of
     /// 64, NEOX rotary over 8 of 32 head dims, 2 value heads per key head — fast tests.
     Qwen3NextTiny,
@@ -71,7 +79,8 @@ pub enum Preset {
 
 impl Preset {
     /// Parses a preset name (`qwen35-tiny`, `qwen35-small`, `qwen35-0.8b`, `qwen35-9b`,
-    /// `qwen35moe-tiny`, `qwen35moe-small`, `qwen3next-tiny`, `qwen3next-small`, `llama-tiny`,
+    /// `qwen35moe-tiny`, `qwen35moe-small`, `qwen35moe-35b-a3b`, `qwen35moe-35b-a3b-4l`,
+    /// `qwen3next-tiny`, `qwen3next-small`, `llama-tiny`,
     /// `llama-small`).
     pub fn parse(s: &str) -> Option<Preset> {
         Some(match s {
@@ -81,6 +90,8 @@ impl Preset {
             "qwen35-9b" | "qwen35-9B" => Preset::Qwen35_9B,
             "qwen35moe-tiny" => Preset::Qwen35MoeTiny,
             "qwen35moe-small" => Preset::Qwen35MoeSmall,
+            "qwen35moe-35b-a3b" | "qwen35moe-35B-A3B" => Preset::Qwen35Moe35bA3b,
+            "qwen35moe-35b-a3b-4l" | "qwen35moe-35B-A3B-4l" => Preset::Qwen35Moe35bA3b4l,
             "qwen3next-tiny" => Preset::Qwen3NextTiny,
             "qwen3next-small" => Preset::Qwen3NextSmall,
             "llama-tiny" => Preset::LlamaTiny,
@@ -89,13 +100,15 @@ impl Preset {
         })
     }
     /// All preset names.
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 12] = [
         "qwen35-tiny",
         "qwen35-small",
         "qwen35-0.8b",
         "qwen35-9b",
         "qwen35moe-tiny",
         "qwen35moe-small",
+        "qwen35moe-35b-a3b",
+        "qwen35moe-35b-a3b-4l",
         "qwen3next-tiny",
         "qwen3next-small",
         "llama-tiny",
@@ -231,6 +244,41 @@ pub(crate) fn spec(p: Preset) -> TestModelSpec {
             n_ff_exp: 128,
             n_ff_shexp: 256,
             ..base
+        },
+        // Qwen3.5-35B-A3B's text model (Qwen/Qwen3.5-35B-A3B's config, as llama.cpp's converter
+        // writes it for qwen35moe): hidden 2048, 40 layers of 3 Gated DeltaNet + 1 gated
+        // attention, attention 16 q / 2 kv heads of 256 with 64 rotary dims (IMROPE sections
+        // 11/11/10), DeltaNet 32 value / 16 query-key heads of 128 and conv 4, 256 routed experts
+        // of 512 with 8 per token, one shared expert of 512. The vocabulary stays the test one
+        // (4102), so the LM head does not dominate a per-layer benchmark.
+        Preset::Qwen35Moe35bA3b => TestModelSpec {
+            arch: TestArch::Qwen35Moe,
+            name: "qwen35moe-35b-a3b".into(),
+            n_vocab: 4102,
+            n_vocab_trained: 4093,
+            n_embd: 2048,
+            n_layer: 40,
+            n_ff: 512,
+            n_head: 16,
+            n_head_kv: 2,
+            head_dim: 256,
+            n_rot: 64,
+            rope_sections: [11, 11, 10, 0],
+            n_ctx_train: 262_144,
+            ssm_d_state: 128,
+            ssm_n_group: 16,
+            ssm_n_v_heads: 32,
+            n_expert: 256,
+            n_expert_used: 8,
+            n_ff_exp: 512,
+            n_ff_shexp: 512,
+            mix: Some(Mix::Q4_K_M),
+            ..base
+        },
+        Preset::Qwen35Moe35bA3b4l => TestModelSpec {
+            name: "qwen35moe-35b-a3b-4l".into(),
+            n_layer: 4,
+            ..spec(Preset::Qwen35Moe35bA3b)
         },
         // Qwen3-Next-80B-A3B's proportions where a tiny model can have them: a quarter of the
         // head rotated, twice as many DeltaNet value heads as key heads.

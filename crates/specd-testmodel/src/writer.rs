@@ -320,6 +320,7 @@ fn plan_types(spec: &TestModelSpec, defs: &[TensorDef]) -> Result<Vec<TensorType
     let info = ModelInfo {
         n_gqa: spec.n_head / spec.n_head_kv.max(1),
         n_blocks: spec.n_layer + usize::from(spec.mtp),
+        n_expert: if spec.arch.is_moe() { spec.n_expert } else { 0 },
     };
     mix::plan(quant_of(spec), &list, info).map_err(TestModelError::Invalid)
 }

@@ -121,3 +121,46 @@ fn qwen35_9b_plans_q4_k_m_without_fallbacks() {
         .iter()
         .all(|(_, t)| matches!(t, TensorType::F32 | TensorType::Q4_K | TensorType::Q6_K)));
 }
+
+#[test]
+fn qwen35moe_35b_a3b_plans_q4_k_m() {
+    // Never written in tests (~20 GB and ~2 GB); their plans are checked instead.
+    for (preset, layers) in [
+        (Preset::Qwen35Moe35bA3b, 40usize),
+        (Preset::Qwen35Moe35bA3b4l, 4),
+    ] {
+        let spec = TestModelSpec::preset(preset);
+        assert_eq!(spec.mix, Some(Mix::Q4_K_M));
+        assert_eq!(spec.n_layer, layers);
+        let plan = tensor_types(&spec).unwrap();
+        let ty = |name: &str| plan.iter().find(|(n, _)| n == name).unwrap().1;
+        for i in 0..layers {
+            let more = specd_testmodel::mix::use_more_bits(i, layers);
+            let down = if more {
+                TensorType::Q6_K
+            } else {
+                TensorType::Q4_K
+            };
+            // The routed and the shared down projections of a layer are promoted together.
+            assert_eq!(ty(&format!("blk.{i}.ffn_down_exps.weight")), down, "{i}");
+            assert_eq!(ty(&format!("blk.{i}.ffn_down_shexp.weight")), down, "{i}");
+            for t in [
+                "ffn_gate_exps",
+                "ffn_up_exps",
+                "ffn_gate_shexp",
+                "ffn_up_shexp",
+            ] {
+                assert_eq!(
+                    ty(&format!("blk.{i}.{t}.weight")),
+                    TensorType::Q4_K,
+                    "{i} {t}"
+                );
+            }
+            assert_eq!(ty(&format!("blk.{i}.ffn_gate_inp.weight")), TensorType::F32);
+        }
+        // Row lengths 2048, 512, 4096 and 8192 fit every K-quant block: no fallback types.
+        assert!(plan
+            .iter()
+            .all(|(_, t)| matches!(t, TensorType::F32 | TensorType::Q4_K | TensorType::Q6_K)));
+    }
+}

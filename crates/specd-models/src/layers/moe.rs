@@ -114,6 +114,34 @@ pub fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
     out.extend(idx.iter().map(|&e| (e, p[e] / wsum)));
 }
 
+impl MoeFfn {
+    /// The routed experts of a one-row batch: `sel` holds its `k` selections; expert `s`'s
+    /// output goes to `ys[s·h..]`.
+    fn single_row(
+        &self,
+        x: &[f32],
+        sel: &[(usize, f32)],
+        ys: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let h = self.router.cols;
+        let ws: Vec<&Weight> = sel
+            .iter()
+            .flat_map(|&(e, _)| [&self.gate[e], &self.up[e]])
+            .collect();
+        let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; w.rows]).collect();
+        {
+            let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+            matmul_many(x, 1, &ws, &mut outs)?;
+        }
+        for (s, (&(e, _), gu)) in sel.iter().zip(bufs.chunks_exact_mut(2)).enumerate() {
+            let (g, u) = gu.split_at_mut(1);
+            swiglu_inplace(&mut g[0], &u[0]);
+            matmul(&g[0], 1, &self.down[e], &mut ys[s * h..(s + 1) * h])?;
+        }
+        Ok(())
+    }
+}
+
 impl FeedForward for MoeFfn {
     fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
         let (ne, k) = (self.n_expert(), self.n_used);
@@ -133,8 +161,15 @@ impl FeedForward for MoeFfn {
         }
         // Each used expert once, over all the rows that chose it.
         let mut ys = vec![0f32; n * k * h];
+        if n == 1 {
+            // One row (plain decoding): every selected expert reads the same input, so all their
+            // gate and up projections go to the threads as one piece of work instead of one per
+            // expert (each hand-off can cost a thread wake-up, and a routed expert's matrices
+            // are small). `matmul_many` gives the same values as one `matmul` per matrix.
+            self.single_row(x, &sel, &mut ys)?;
+        }
         for (e, slots) in by_expert.iter().enumerate() {
-            if slots.is_empty() {
+            if slots.is_empty() || n == 1 {
                 continue;
             }
             let rows: Vec<usize> = slots.iter().map(|j| j / k).collect();
