@@ -52,7 +52,8 @@ fn native(t: TensorType) -> Option<WeightType> {
 /// The native type a quantised type without a kernel is converted to: one that holds at least
 /// as many bits per weight. Q5_0 becomes Q8_0 exactly (see [`exact_q8_0`]); the others
 /// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
-/// weight).
+/// weight; MXFP4, 32 weights a block, goes to Q8_0 too; the IQ1 / IQ2 / IQ3 and TQ types to
+/// Q4_K).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
