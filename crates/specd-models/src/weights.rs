@@ -52,17 +52,18 @@ fn native(t: TensorType) -> Option<WeightType> {
 /// The native type a quantised type without a kernel is converted to: one that holds at least
 /// as many bits per weight. Q5_0 becomes Q8_0 exactly (see [`exact_q8_0`]); the others
 /// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
-/// weight; MXFP4, 32 weights a block, goes to Q8_0 too; the IQ1 / IQ2 / IQ3 and TQ types to
-/// Q4_K).
+/// weight; MXFP4, 32 weights a block, goes to Q8_0 too; the IQ1 / IQ2 / IQ3 types to Q4_K). The
+/// ternary TQ1_0 / TQ2_0 become Q4_0 exactly (see [`exact_q4_0`]).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
         // ≤ 4 bits per weight in super-blocks: Q4_K keeps the 256-weight structure.
-        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0
-            if cols.is_multiple_of(256) =>
-        {
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M if cols.is_multiple_of(256) => {
             Q4_K
         }
+        // Levels −1, 0, 1 times an f16 per 256 weights: Q4_0 (levels −8..7 times an f16 per 32)
+        // holds them exactly in as many bits as Q4_K; Q4_K's odd level count cannot hold 0.
+        TQ1_0 | TQ2_0 => Q4_0,
         _ => Q8_0,
     }
 }
@@ -87,6 +88,34 @@ fn exact_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>
         }
         out.extend_from_slice(&blk[..2]);
         out.extend(levels.iter().map(|&v| v as i8 as u8));
+    }
+    Some(Ok(out))
+}
+
+/// Q4_0 holding exactly the values of a ternary type (TQ1_0, TQ2_0: levels −1, 0, 1 — TQ2_0's
+/// 2-bit codes also allow 2 — times the block's f16 `d`, stored at byte `at`): each group of 32 weights keeps `d` and stores its levels
+/// + 8 as nibbles — found by dequantising the block with `d = 1`. `None` for other types.
+fn exact_q4_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
+    let at = match t {
+        TensorType::TQ1_0 => 52,
+        TensorType::TQ2_0 => 64,
+        _ => return None,
+    };
+    let bb = t.type_size();
+    let mut out = Vec::with_capacity(bytes.len() / bb * 8 * 18);
+    let mut unit = vec![0u8; bb];
+    let mut levels = [0f32; 256];
+    for blk in bytes.chunks_exact(bb) {
+        unit.copy_from_slice(blk);
+        unit[at..at + 2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
+            return Some(Err(e.into()));
+        }
+        for g in levels.chunks_exact(32) {
+            out.extend_from_slice(&blk[at..at + 2]);
+            let q = |v: f32| (v as i8 + 8) as u8;
+            out.extend((0..16).map(|j| q(g[j]) | q(g[j + 16]) << 4));
+        }
     }
     Some(Ok(out))
 }
@@ -192,7 +221,8 @@ impl<'a> Loader<'a> {
                     ModelError::Invalid(format!("conversion target {to} has no kernel"))
                 })?;
                 // Blocks never straddle rows, so the converted tensor splits into its matrices.
-                let bytes = match exact_q8_0(tt, view.bytes()) {
+                let exact = exact_q8_0(tt, view.bytes()).or_else(|| exact_q4_0(tt, view.bytes()));
+                let bytes = match exact {
                     Some(b) => b?,
                     None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,
                 };
@@ -291,5 +321,26 @@ mod tests {
         dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
         assert_eq!(a, b);
         assert!(exact_q8_0(TensorType::Q4_1, &[]).is_none());
+    }
+
+    #[test]
+    fn ternary_types_become_q4_0_exactly() {
+        // Every byte value (TQ1_0's base-3 bytes above 242 included), scales of both signs.
+        for (t, at) in [(TensorType::TQ1_0, 52), (TensorType::TQ2_0, 64)] {
+            let bb = t.type_size();
+            let mut src: Vec<u8> = (0..bb * 12).map(|i| (i * 37 % 256) as u8).collect();
+            for (k, blk) in src.chunks_exact_mut(bb).enumerate() {
+                let d = [0.0123f32, -0.5, 0.0, 3e-6][k % 4];
+                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            }
+            assert_eq!(conversion_target(t, 256), TensorType::Q4_0);
+            let q4 = exact_q4_0(t, &src).unwrap().unwrap();
+            let n = src.len() / bb * 256;
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            dequantize(t, &src, &mut a).unwrap();
+            dequantize(TensorType::Q4_0, &q4, &mut b).unwrap();
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+        assert!(exact_q4_0(TensorType::IQ2_XXS, &[]).is_none());
     }
 }

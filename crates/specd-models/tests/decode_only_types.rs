@@ -1,6 +1,7 @@
 //! Files whose matrices are in a type specd can decode but has no kernel for (IQ1 / IQ2 / IQ3
 //! codebooks, ternary TQ1_0 / TQ2_0, MXFP4) load by conversion: each such matrix becomes the
-//! native type that holds it (Q4_K for the super-block types, Q8_0 for MXFP4), with one warning
+//! native type that holds it (Q4_K for the IQ types, Q4_0 — exactly — for the ternary ones, Q8_0
+//! for MXFP4), with one warning
 //! per tensor, never F32 — and the loaded model computes exactly what a file holding the
 //! converted matrices computes.
 
@@ -28,11 +29,36 @@ const TYPES: [TensorType; 10] = [
 
 /// The native type a file's `t` matrix is converted to.
 fn target(t: TensorType) -> TensorType {
-    if t == TensorType::MXFP4 {
-        TensorType::Q8_0
-    } else {
-        TensorType::Q4_K
+    match t {
+        TensorType::MXFP4 => TensorType::Q8_0,
+        TensorType::TQ1_0 | TensorType::TQ2_0 => TensorType::Q4_0,
+        _ => TensorType::Q4_K,
     }
+}
+
+/// Q4_0 holding the ternary values `x` (levels −1, 0, 1, and 2 in TQ2_0, times each 256-block's scale `d`) exactly:
+/// built here from the decoded values, independently of the loader's conversion.
+fn ternary_as_q4_0(x: &[f32], scales: &[half::f16]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (g, chunk) in x.chunks_exact(32).enumerate() {
+        let d = scales[g / 8];
+        out.extend_from_slice(&d.to_le_bytes());
+        let q = |v: f32| {
+            let l = if d.to_f32() == 0.0 {
+                0.0
+            } else {
+                v / d.to_f32()
+            };
+            // TQ2_0's 2-bit codes also allow level 2 (llama.cpp never writes it; random blocks do).
+            assert!(
+                l == l.round() && (-1.0..=2.0).contains(&l),
+                "{v} is not ternary"
+            );
+            (l as i8 + 8) as u8
+        };
+        out.extend((0..16).map(|j| q(chunk[j]) | q(chunk[j + 16]) << 4));
+    }
+    out
 }
 
 /// splitmix64: deterministic test bytes without a dependency.
@@ -198,6 +224,14 @@ fn decode_only_types_load_by_conversion_to_native_types() {
             dequantize(tt, &b, &mut x).unwrap();
             assert!(x.iter().all(|v| v.is_finite() && v.abs() < 0.1));
             let to = target(tt);
+            if to == TensorType::Q4_0 {
+                let at = if tt == TensorType::TQ1_0 { 52 } else { 64 };
+                let scales: Vec<half::f16> = b
+                    .chunks_exact(tt.type_size())
+                    .map(|blk| half::f16::from_le_bytes([blk[at], blk[at + 1]]))
+                    .collect();
+                return (to, ternary_as_q4_0(&x, &scales));
+            }
             (to, quantize(to, &x).unwrap())
         } else {
             (tt, b)
@@ -226,7 +260,7 @@ fn decode_only_types_load_by_conversion_to_native_types() {
     let r = Model::load(&reference, opts()).unwrap();
     // Held as the native types, not widened to F32.
     assert_eq!(m.weight_bytes(), r.weight_bytes());
-    // The converted matrices take well under half their F32 size (Q4_K: 4.5 bits, Q8_0: 8.5).
+    // The converted matrices take well under half their F32 size (Q4_K, Q4_0: 4.5 bits, Q8_0: 8.5).
     let f32_model = Model::load(&base, opts()).unwrap();
     let as_f32: usize = placed.iter().map(|p| 4 * p.3).sum();
     assert!(
