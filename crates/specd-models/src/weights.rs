@@ -221,7 +221,14 @@ impl<'a> Loader<'a> {
                     ModelError::Invalid(format!("conversion target {to} has no kernel"))
                 })?;
                 // Blocks never straddle rows, so the converted tensor splits into its matrices.
-                let exact = exact_q8_0(tt, view.bytes()).or_else(|| exact_q4_0(tt, view.bytes()));
+                let exact = exact_q8_0(tt, view.bytes())
+                    .or_else(|| exact_q4_0(tt, view.bytes()))
+                    .or_else(|| match (tt, to) {
+                        (TensorType::IQ3_S, TensorType::Q4_K) => {
+                            crate::iq3s_q4k::iq3_s_as_q4_k(view.bytes())
+                        }
+                        _ => None,
+                    });
                 let bytes = match exact {
                     Some(b) => b?,
                     None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,

@@ -1,9 +1,9 @@
 //! Files whose matrices are in a type specd can decode but has no kernel for (IQ1 / IQ2 / IQ3
 //! codebooks, ternary TQ1_0 / TQ2_0, MXFP4) load by conversion: each such matrix becomes the
 //! native type that holds it (Q4_K for the IQ types, Q4_0 — exactly — for the ternary ones, Q8_0
-//! for MXFP4), with one warning
-//! per tensor, never F32 — and the loaded model computes exactly what a file holding the
-//! converted matrices computes.
+//! for MXFP4), with one warning per tensor, never F32 — and the loaded model computes exactly what a file holding the
+//! converted matrices computes (the decoded values requantised; TQ and IQ3_S re-expressed
+//! without requantising).
 
 use specd_gguf::quant::{dequantize, quantize};
 use specd_gguf::{GgufFile, GgufWriter, TensorType};
@@ -231,6 +231,24 @@ fn decode_only_types_load_by_conversion_to_native_types() {
                     .map(|blk| half::f16::from_le_bytes([blk[at], blk[at + 1]]))
                     .collect();
                 return (to, ternary_as_q4_0(&x, &scales));
+            }
+            if tt == TensorType::IQ3_S {
+                // Converted by re-expressing its scales (checked against the decoded values in
+                // specd-models' unit tests), not requantised.
+                let q4 = specd_models::iq3s_q4k::iq3_s_as_q4_k(&b).unwrap().unwrap();
+                let mut y = vec![0f32; x.len()];
+                dequantize(to, &q4, &mut y).unwrap();
+                let off = x
+                    .iter()
+                    .zip(&y)
+                    .fold(0f32, |m, (a, c)| m.max((a - c).abs()));
+                // Only Q4_K's f16 dmin = 15·d is rounded: ≤ 465·d·2^-11 (d = 1e-4), against
+                // ~3e-3 (half a Q4_K step) for a requantisation.
+                assert!(
+                    off <= 465.0 * 1e-4 * 2f32.powi(-11),
+                    "IQ3_S as Q4_K off by {off}"
+                );
+                return (to, q4);
             }
             (to, quantize(to, &x).unwrap())
         } else {
