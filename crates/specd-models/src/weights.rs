@@ -52,8 +52,8 @@ fn native(t: TensorType) -> Option<WeightType> {
 /// The native type a quantised type without a kernel is converted to: one that holds at least
 /// as many bits per weight. Q5_0 becomes Q8_0 exactly (see [`exact_q8_0`]); the others
 /// are requantised from their values (Q4_1 / Q5_1 to Q8_0 lose at most half a Q8_0 step per
-/// weight; MXFP4, 32 weights a block, goes to Q8_0 too; the IQ1 / IQ2 / IQ3 types to Q4_K). The
-/// ternary TQ1_0 / TQ2_0 become Q4_0 exactly (see [`exact_q4_0`]).
+/// weight; the IQ1 / IQ2 / IQ3 types to Q4_K, IQ3_S without requantising). MXFP4 becomes Q8_0
+/// exactly (see [`exact_mxfp4_q8_0`]), the ternary TQ1_0 / TQ2_0 Q4_0 (see [`exact_q4_0`]).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
@@ -116,6 +116,30 @@ fn exact_q4_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>
             let q = |v: f32| (v as i8 + 8) as u8;
             out.extend((0..16).map(|j| q(g[j]) | q(g[j + 16]) << 4));
         }
+    }
+    Some(Ok(out))
+}
+
+/// Q8_0 holding exactly the values of MXFP4 (E2M1 levels, stored doubled as the integers
+/// −12..12, times `2^(e−128)` per 32 weights): each block's step becomes the f16 `d` — exact for
+/// e in 104..=143, the steps an f16 holds (real weights are far inside) — and its levels the i8
+/// quants. `None` for other types, or when a block's step is outside that range (requantised).
+fn exact_mxfp4_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
+    if t != TensorType::MXFP4 || bytes.chunks_exact(17).any(|b| !(104..=143).contains(&b[0])) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 17 * 34);
+    let mut unit = [0u8; 17];
+    let mut levels = [0f32; 32];
+    for blk in bytes.chunks_exact(17) {
+        unit.copy_from_slice(blk);
+        unit[0] = 128; // step 2^0: the decoded values are the levels
+        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
+            return Some(Err(e.into()));
+        }
+        let step = half::f16::from_f32(2f32.powi(blk[0] as i32 - 128));
+        out.extend_from_slice(&step.to_le_bytes());
+        out.extend(levels.iter().map(|&v| v as i8 as u8));
     }
     Some(Ok(out))
 }
@@ -223,6 +247,7 @@ impl<'a> Loader<'a> {
                 // Blocks never straddle rows, so the converted tensor splits into its matrices.
                 let exact = exact_q8_0(tt, view.bytes())
                     .or_else(|| exact_q4_0(tt, view.bytes()))
+                    .or_else(|| exact_mxfp4_q8_0(tt, view.bytes()))
                     .or_else(|| match (tt, to) {
                         (TensorType::IQ3_S, TensorType::Q4_K) => {
                             crate::iq3s_q4k::iq3_s_as_q4_k(view.bytes())
@@ -349,5 +374,22 @@ mod tests {
             assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
         }
         assert!(exact_q4_0(TensorType::IQ2_XXS, &[]).is_none());
+    }
+
+    #[test]
+    fn mxfp4_becomes_q8_0_exactly_where_f16_holds_its_steps() {
+        let t = TensorType::MXFP4;
+        let mut src: Vec<u8> = (0..17 * 40).map(|i| (i * 53 % 256) as u8).collect();
+        for (k, blk) in src.chunks_exact_mut(17).enumerate() {
+            blk[0] = 104 + k as u8; // 104..=143: steps 2^-24 .. 2^15
+        }
+        let q8 = exact_mxfp4_q8_0(t, &src).unwrap().unwrap();
+        let n = src.len() / 17 * 32;
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        dequantize(t, &src, &mut a).unwrap();
+        dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        src[0] = 103;
+        assert!(exact_mxfp4_q8_0(t, &src).is_none());
     }
 }

@@ -2,7 +2,7 @@
 //! codebooks, ternary TQ1_0 / TQ2_0, MXFP4) load by conversion: each such matrix becomes the
 //! native type that holds it (Q4_K for the IQ types, Q4_0 — exactly — for the ternary ones, Q8_0
 //! for MXFP4), with one warning per tensor, never F32 — and the loaded model computes exactly what a file holding the
-//! converted matrices computes (the decoded values requantised; TQ and IQ3_S re-expressed
+//! converted matrices computes (the decoded values requantised; TQ, MXFP4 and IQ3_S re-expressed
 //! without requantising).
 
 use specd_gguf::quant::{dequantize, quantize};
@@ -231,6 +231,23 @@ fn decode_only_types_load_by_conversion_to_native_types() {
                     .map(|blk| half::f16::from_le_bytes([blk[at], blk[at + 1]]))
                     .collect();
                 return (to, ternary_as_q4_0(&x, &scales));
+            }
+            if tt == TensorType::MXFP4 {
+                // Q8_0 with each block's power-of-two step as `d` and the E2M1 levels as quants.
+                let mut q8 = Vec::new();
+                for (blk, vals) in b.chunks_exact(17).zip(x.chunks_exact(32)) {
+                    let step = 2f32.powi(blk[0] as i32 - 128);
+                    q8.extend_from_slice(&half::f16::from_f32(step).to_le_bytes());
+                    for &v in vals {
+                        let l = v / step;
+                        assert!(
+                            l == l.round() && l.abs() <= 12.0,
+                            "{v} is not an E2M1 level"
+                        );
+                        q8.push(l as i8 as u8);
+                    }
+                }
+                return (to, q8);
             }
             if tt == TensorType::IQ3_S {
                 // Converted by re-expressing its scales (checked against the decoded values in
