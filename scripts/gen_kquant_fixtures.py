@@ -43,7 +43,20 @@ SCALE_FIELDS = {
     T.Q6_K: [208],
     T.IQ4_NL: [0],
     T.IQ4_XS: [0],
+    T.IQ2_XXS: [0],
+    T.IQ2_XS: [0],
+    T.IQ2_S: [0],
+    T.IQ3_XXS: [0],
+    T.IQ3_S: [0],
+    T.IQ1_S: [0],
+    T.IQ1_M: [],  # its f16 is spread over the top nibbles of 4 u16 (see set_iq1_m_scale)
+    T.TQ1_0: [52],
+    T.TQ2_0: [64],
+    T.MXFP4: [],  # an E8M0 exponent byte, not an f16 (see MXFP4_EXPONENTS)
 }
+# MXFP4 exponents: 2^(e-128) per step; the ends (subnormal steps, values that overflow to ±inf)
+# and ordinary weight magnitudes.
+MXFP4_EXPONENTS = [0, 1, 2, 118, 120, 122, 124, 127, 128, 200, 254, 255]
 # Types gguf-py quantises and specd's `quantize` supports too: their bytes must agree.
 QUANTIZE_TOO = {T.Q8_0, T.Q4_0, T.BF16}
 
@@ -58,7 +71,19 @@ def random_blocks(rng, qtype, n_blocks):
         for j, off in enumerate(SCALE_FIELDS[qtype]):
             s = SCALES[(i + 3 * j) % len(SCALES)]
             b[i, off:off + 2] = np.frombuffer(s.tobytes(), dtype=np.uint8)
+        if qtype == T.IQ1_M:
+            set_iq1_m_scale(b[i], SCALES[i % len(SCALES)])
+        if qtype == T.MXFP4:
+            b[i, 0] = MXFP4_EXPONENTS[i % len(MXFP4_EXPONENTS)]
     return b.reshape(-1)
+
+
+def set_iq1_m_scale(block, s):
+    """IQ1_M keeps nibble k of its f16 scale in the top nibble of u16 k of `scales` (bytes 48..56)."""
+    bits = int(s.view(np.uint16))
+    for k in range(4):
+        hi = 48 + 2 * k + 1
+        block[hi] = (block[hi] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4)
 
 
 def write(name, arr):
@@ -74,7 +99,9 @@ def main():
     total = 0
     # New types go at the end: the random stream of the earlier ones must not change.
     for qtype in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.BF16, T.F16,
-                  T.IQ4_NL, T.IQ4_XS]:
+                  T.IQ4_NL, T.IQ4_XS,
+                  T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0,
+                  T.MXFP4]:
         bs, ts = GGML_QUANT_SIZES[qtype]
         name = qtype.name.lower()
         parts = []
@@ -108,6 +135,8 @@ def main():
                 parts.append(quants.quantize(x.reshape(1, -1), qtype).reshape(-1))
                 n_q = 8
             n_rand = 8 if bs == 256 else 16 - n_q + 8
+            if qtype == T.MXFP4:
+                n_rand = 2 * len(MXFP4_EXPONENTS)
             parts.append(random_blocks(rng, qtype, n_rand))
         raw = np.concatenate(parts).astype(np.uint8)
         assert raw.size % ts == 0

@@ -8,7 +8,9 @@
 
 mod error;
 mod file_type;
+mod iq;
 mod iq4;
+mod iq_grids;
 pub mod quant;
 mod reader;
 mod types;

@@ -117,6 +117,16 @@ pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), Gg
         TensorType::Q6_K => deq::<BlockQ6K>(bytes, out)?,
         TensorType::IQ4_NL => crate::iq4::dequantize_iq4_nl(bytes, out),
         TensorType::IQ4_XS => crate::iq4::dequantize_iq4_xs(bytes, out),
+        TensorType::IQ2_XXS => crate::iq::dequantize_iq2_xxs(bytes, out),
+        TensorType::IQ2_XS => crate::iq::dequantize_iq2_xs(bytes, out),
+        TensorType::IQ2_S => crate::iq::dequantize_iq2_s(bytes, out),
+        TensorType::IQ3_XXS => crate::iq::dequantize_iq3_xxs(bytes, out),
+        TensorType::IQ3_S => crate::iq::dequantize_iq3_s(bytes, out),
+        TensorType::IQ1_S => crate::iq::dequantize_iq1_s(bytes, out),
+        TensorType::IQ1_M => crate::iq::dequantize_iq1_m(bytes, out),
+        TensorType::TQ1_0 => crate::iq::dequantize_tq1_0(bytes, out),
+        TensorType::TQ2_0 => crate::iq::dequantize_tq2_0(bytes, out),
+        TensorType::MXFP4 => crate::iq::dequantize_mxfp4(bytes, out),
         _ => {
             return Err(GgufError::UnsupportedTensorType {
                 name: String::new(),
@@ -127,7 +137,7 @@ pub fn dequantize(t: TensorType, bytes: &[u8], out: &mut [f32]) -> Result<(), Gg
     Ok(())
 }
 
-/// Quantises `x` to type `t`: every type [`TensorType::can_dequantize`] accepts (F32, F16, BF16,
+/// Quantises `x` to type `t`: every type [`TensorType::can_quantize`] accepts (F32, F16, BF16,
 /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS).
 pub fn quantize(t: TensorType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
     if !x.len().is_multiple_of(t.block_size()) {

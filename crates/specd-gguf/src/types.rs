@@ -170,8 +170,19 @@ impl TensorType {
     pub fn name(self) -> String {
         format!("{self:?}").to_ascii_lowercase()
     }
-    /// Can [`crate::quant::dequantize`] read it (and [`crate::quant::quantize`] write it)?
+    /// Can [`crate::quant::dequantize`] read it? Every type [`Self::can_quantize`] accepts, plus
+    /// the types specd only decodes (to convert them at load): the IQ1 / IQ2 / IQ3 codebooks,
+    /// the ternary TQ1_0 / TQ2_0 and MXFP4.
     pub fn can_dequantize(self) -> bool {
+        use TensorType::*;
+        self.can_quantize()
+            || matches!(
+                self,
+                IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 | MXFP4
+            )
+    }
+    /// Can [`crate::quant::quantize`] write it (and [`crate::quant::dequantize`] read it)?
+    pub fn can_quantize(self) -> bool {
         use TensorType::*;
         matches!(
             self,

@@ -359,13 +359,14 @@ fn unknown_and_unsupported_tensor_types() {
         assert_names(&e, "'output_norm.weight'");
         assert_names(&e, &id.to_string());
     }
-    // A known type specd cannot dequantise: loading succeeds, converting names the tensor.
+    // A known type specd cannot dequantise (Q8_K: llama.cpp's activation type): loading
+    // succeeds, converting names the tensor.
     let mut g = RawGguf::new();
     g.tensor(
         "blk.0.ffn_up.weight",
         &[256],
-        TensorType::IQ2_XXS.id(),
-        &[0u8; 66],
+        TensorType::Q8_K.id(),
+        &[0u8; 292],
     );
     let f = parse(&g.encode().0).unwrap();
     let e = f
@@ -375,7 +376,7 @@ fn unknown_and_unsupported_tensor_types() {
         .unwrap_err();
     assert!(matches!(e, GgufError::UnsupportedTensorType { .. }), "{e}");
     assert_names(&e, "'blk.0.ffn_up.weight'");
-    assert_names(&e, "iq2_xxs");
+    assert_names(&e, "q8_k");
     // Rows that are not whole blocks.
     let mut g = sample();
     g.tensors[1].dims = vec![16, 2];

@@ -13,6 +13,7 @@
 pub mod arch;
 pub mod batch;
 pub mod config;
+pub mod iq3s_q4k;
 pub mod layers;
 pub mod model;
 pub mod vocab;

@@ -53,19 +53,74 @@ fn native(t: TensorType) -> Option<WeightType> {
     })
 }
 
-/// The native type a quantised type without a kernel is converted to (requantised from its
-/// values): one that holds at least as many bits per weight.
+/// The native type a quantised type without a kernel is converted to: one that holds at least
+/// as many bits per weight. The IQ1 / IQ2 / IQ3 types go to Q4_K (requantised from their values;
+/// IQ3_S re-expressed instead); MXFP4 becomes Q8_0 exactly (see [`exact_mxfp4_q8_0`]), the
+/// ternary TQ1_0 / TQ2_0 Q4_0 (see [`exact_q4_0`]).
 fn conversion_target(t: TensorType, cols: usize) -> TensorType {
     use TensorType::*;
     match t {
         // ≤ 4 bits per weight in super-blocks: Q4_K keeps the 256-weight structure.
-        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0
-            if cols.is_multiple_of(256) =>
-        {
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M if cols.is_multiple_of(256) => {
             Q4_K
         }
+        // Levels −1, 0, 1 times an f16 per 256 weights: Q4_0 (levels −8..7 times an f16 per 32)
+        // holds them exactly in as many bits as Q4_K; Q4_K's odd level count cannot hold 0.
+        TQ1_0 | TQ2_0 => Q4_0,
         _ => Q8_0,
     }
+}
+
+/// Q4_0 holding exactly the values of a ternary type (TQ1_0, TQ2_0: levels −1, 0, 1 — TQ2_0's
+/// 2-bit codes also allow 2 — times the block's f16 `d`, stored at byte `at`): each group of 32 weights keeps `d` and stores its levels
+/// + 8 as nibbles — found by dequantising the block with `d = 1`. `None` for other types.
+fn exact_q4_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
+    let at = match t {
+        TensorType::TQ1_0 => 52,
+        TensorType::TQ2_0 => 64,
+        _ => return None,
+    };
+    let bb = t.type_size();
+    let mut out = Vec::with_capacity(bytes.len() / bb * 8 * 18);
+    let mut unit = vec![0u8; bb];
+    let mut levels = [0f32; 256];
+    for blk in bytes.chunks_exact(bb) {
+        unit.copy_from_slice(blk);
+        unit[at..at + 2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
+            return Some(Err(e.into()));
+        }
+        for g in levels.chunks_exact(32) {
+            out.extend_from_slice(&blk[at..at + 2]);
+            let q = |v: f32| (v as i8 + 8) as u8;
+            out.extend((0..16).map(|j| q(g[j]) | q(g[j + 16]) << 4));
+        }
+    }
+    Some(Ok(out))
+}
+
+/// Q8_0 holding exactly the values of MXFP4 (E2M1 levels, stored doubled as the integers
+/// −12..12, times `2^(e−128)` per 32 weights): each block's step becomes the f16 `d` — exact for
+/// e in 104..=143, the steps an f16 holds (real weights are far inside) — and its levels the i8
+/// quants. `None` for other types, or when a block's step is outside that range (requantised).
+fn exact_mxfp4_q8_0(t: TensorType, bytes: &[u8]) -> Option<Result<Vec<u8>, ModelError>> {
+    if t != TensorType::MXFP4 || bytes.chunks_exact(17).any(|b| !(104..=143).contains(&b[0])) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 17 * 34);
+    let mut unit = [0u8; 17];
+    let mut levels = [0f32; 32];
+    for blk in bytes.chunks_exact(17) {
+        unit.copy_from_slice(blk);
+        unit[0] = 128; // step 2^0: the decoded values are the levels
+        if let Err(e) = specd_gguf::quant::dequantize(t, &unit, &mut levels) {
+            return Some(Err(e.into()));
+        }
+        let step = half::f16::from_f32(2f32.powi(blk[0] as i32 - 128));
+        out.extend_from_slice(&step.to_le_bytes());
+        out.extend(levels.iter().map(|&v| v as i8 as u8));
+    }
+    Some(Ok(out))
 }
 
 impl<'a> Loader<'a> {
@@ -169,7 +224,18 @@ impl<'a> Loader<'a> {
                     ModelError::Invalid(format!("conversion target {to} has no kernel"))
                 })?;
                 // Blocks never straddle rows, so the converted tensor splits into its matrices.
-                let bytes = specd_gguf::quant::quantize(to, &view.to_f32()?)?;
+                let exact = exact_q4_0(tt, view.bytes())
+                    .or_else(|| exact_mxfp4_q8_0(tt, view.bytes()))
+                    .or_else(|| match (tt, to) {
+                        (TensorType::IQ3_S, TensorType::Q4_K) => {
+                            crate::iq3s_q4k::iq3_s_as_q4_k(view.bytes())
+                        }
+                        _ => None,
+                    });
+                let bytes = match exact {
+                    Some(b) => b?,
+                    None => specd_gguf::quant::quantize(to, &view.to_f32()?)?,
+                };
                 let per = wt.matrix_bytes(rows, cols);
                 if bytes.len() != n * per {
                     return Err(ModelError::Invalid(format!(
@@ -239,8 +305,6 @@ mod tests {
     use super::*;
     use specd_gguf::quant::{dequantize, quantize};
 
-    /// Q4_1 / Q5_0 / Q5_1 stay native: repacked, same size, and every row dequantises to
-    /// exactly the values of the GGUF reader's dequantisation.
     #[test]
     fn two_and_three_bit_k_quants_stay_native() {
         assert_eq!(native(TensorType::Q2_K), Some(WeightType::K(KFormat::Q2K)));
@@ -281,5 +345,43 @@ mod tests {
                 assert_eq!(row, want[r * cols..(r + 1) * cols], "{t} row {r}");
             }
         }
+    }
+
+    #[test]
+    fn ternary_types_become_q4_0_exactly() {
+        // Every byte value (TQ1_0's base-3 bytes above 242 included), scales of both signs.
+        for (t, at) in [(TensorType::TQ1_0, 52), (TensorType::TQ2_0, 64)] {
+            let bb = t.type_size();
+            let mut src: Vec<u8> = (0..bb * 12).map(|i| (i * 37 % 256) as u8).collect();
+            for (k, blk) in src.chunks_exact_mut(bb).enumerate() {
+                let d = [0.0123f32, -0.5, 0.0, 3e-6][k % 4];
+                blk[at..at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            }
+            assert_eq!(conversion_target(t, 256), TensorType::Q4_0);
+            let q4 = exact_q4_0(t, &src).unwrap().unwrap();
+            let n = src.len() / bb * 256;
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            dequantize(t, &src, &mut a).unwrap();
+            dequantize(TensorType::Q4_0, &q4, &mut b).unwrap();
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+        assert!(exact_q4_0(TensorType::IQ2_XXS, &[]).is_none());
+    }
+
+    #[test]
+    fn mxfp4_becomes_q8_0_exactly_where_f16_holds_its_steps() {
+        let t = TensorType::MXFP4;
+        let mut src: Vec<u8> = (0..17 * 40).map(|i| (i * 53 % 256) as u8).collect();
+        for (k, blk) in src.chunks_exact_mut(17).enumerate() {
+            blk[0] = 104 + k as u8; // 104..=143: steps 2^-24 .. 2^15
+        }
+        let q8 = exact_mxfp4_q8_0(t, &src).unwrap().unwrap();
+        let n = src.len() / 17 * 32;
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        dequantize(t, &src, &mut a).unwrap();
+        dequantize(TensorType::Q8_0, &q8, &mut b).unwrap();
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        src[0] = 103;
+        assert!(exact_mxfp4_q8_0(t, &src).is_none());
     }
 }

@@ -261,17 +261,18 @@ fn hyper_parameters_that_would_load_but_generate_nothing_are_named() {
 #[test]
 fn unsupported_tensor_type_is_named() {
     let f = files();
-    // MXFP4: a real llama.cpp type (17-byte blocks of 32) that specd cannot decode.
-    let e = load_err(&f.llama, "mxfp4", keep_kv, |n, (dims, tt, b)| {
+    // Q8_1: a real ggml type (36-byte blocks of 32) that specd cannot decode (llama.cpp uses it
+    // only for activations).
+    let e = load_err(&f.llama, "q8_1", keep_kv, |n, (dims, tt, b)| {
         if n == "blk.0.ffn_up.weight" {
             let blocks = (dims[0] * dims[1] / 32) as usize;
-            Some((dims, TensorType::MXFP4, vec![0; blocks * 17]))
+            Some((dims, TensorType::Q8_1, vec![0; blocks * 36]))
         } else {
             Some((dims, tt, b))
         }
     });
     assert_names(&e, "blk.0.ffn_up.weight");
-    assert_names(&e, "mxfp4");
+    assert_names(&e, "q8_1");
 }
 
 /// Logits of `tokens` decoded as one batch from a fresh sequence.

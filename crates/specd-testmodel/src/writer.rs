@@ -486,7 +486,7 @@ fn validate(s: &TestModelSpec) -> Result<(), TestModelError> {
             s.n_rot, s.head_dim
         ));
     }
-    if s.mix.is_none() && !s.wtype.can_dequantize() {
+    if s.mix.is_none() && !s.wtype.can_quantize() {
         return bad(format!(
             "weight type {} is not offered for test models",
             s.wtype
