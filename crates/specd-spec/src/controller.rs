@@ -33,13 +33,6 @@
 //! is noticed, and never once even perfect acceptance could not beat plain decoding at the
 //! measured costs.
 //!
-//! A round costs more than its priced parts — sampling every verified row, the engine's
-//! bookkeeping — and a round that verifies a draft more than a plain one. The controller
-//! measures that remainder: after each round of a sequence alone it compares the round's wall
-//! time outside drafting with the verification time it priced the round at, and keeps the
-//! difference (in steps, an EMA, separately for plain rounds and for rounds that verified a
-//! draft) as a per-round term of `time(n)`.
-//!
 //! A sequence's **first** decision is to draft: its first plan of a model drafter, or the first
 //! draft of a cheap one, verifies at least `max(n_min, 1)` tokens whatever the estimates say
 //! (as does every probe: a probe that is not verified measures nothing). A user who configured
@@ -451,12 +444,6 @@ pub struct Controller {
     /// The last [`Controller::plan`] was a probe (or the first decision): its draft is verified
     /// whatever the estimates say — a probe that is not verified measures nothing.
     probing: bool,
-    /// The round time the cost model leaves out, in steps (EMA): index 0 plain rounds, 1 rounds
-    /// that verified a draft.
-    round_extra: [Option<f64>; 2],
-    /// This round's decision and the verification seconds it was priced at (see
-    /// [`Controller::observe_round`]); `None` when the controller did not decide the round.
-    priced: Option<(usize, f64)>,
 }
 
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
@@ -484,11 +471,6 @@ pub const DRAFT_MARGIN: f64 = 1.03;
 /// Catch-ups over fewer missed rounds than this do not price a missed round (their time is
 /// mostly the call's fixed cost).
 pub const MIN_MISSED: u32 = 4;
-/// EMA rate of the unpriced round time ([`Controller::observe_round`]).
-pub const EXTRA_ALPHA: f64 = 0.1;
-/// Bounds of one sample of unpriced round time, in steps: a round that took far longer than
-/// priced was a burst of host load, not a cost of drafting.
-pub const EXTRA_RANGE: (f64, f64) = (-0.5, 2.0);
 /// Longest wait between probes (counted in skipped rounds).
 pub const PROBE_MAX: u32 = 128;
 /// Most time a skipped model drafter's catch-ups may cost, as a fraction of the plain steps
@@ -516,8 +498,6 @@ impl Controller {
             catch_up_per_round: None,
             first: true,
             probing: false,
-            round_extra: [None, None],
-            priced: None,
         }
     }
     /// Records that a model drafter took `secs` for a round that produced `tokens` drafts. A
@@ -613,63 +593,15 @@ impl Controller {
     /// verify at least `max(n_min, 1)` tokens (none when fewer are available: a draft shorter
     /// than `n_min` is never used). Otherwise 0 while the cost model wants a one-row step
     /// ([`CostModel::wants_step`]).
-    pub fn choose(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+    pub fn choose(&self, available: usize, n_min: usize, cost: &CostModel) -> usize {
         if !self.first && cost.wants_step() {
-            self.priced = Some((0, cost.cost(1)));
             return 0;
         }
-        let (mut n, _) = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
+        let n = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
         if (self.first || self.probing) && available >= n_min.max(1) {
-            n = n.max(n_min.max(1));
+            return n.max(n_min.max(1));
         }
-        self.priced = Some((n, self.verify_secs(n, cost)));
         n
-    }
-    /// Starts a round: nothing priced yet (a round the controller does not decide — a forced
-    /// draft, a fixed length — calibrates nothing).
-    pub fn begin_round(&mut self) {
-        self.priced = None;
-    }
-    /// Records a round's wall time outside drafting (`secs`: the verification batch, sampling
-    /// every row, rollback, bookkeeping) against the verification time the controller priced
-    /// it at, if it decided the round. The engine reports rounds of a sequence decoded alone
-    /// (a batch of several sequences is not one round's cost).
-    pub fn observe_round(&mut self, secs: f64, cost: &CostModel) {
-        let Some((n, priced)) = self.priced.take() else {
-            return;
-        };
-        let step = cost.cost(1);
-        if !secs.is_finite() || step.is_nan() || step <= 0.0 {
-            return;
-        }
-        let sample = ((secs - priced) / step).clamp(EXTRA_RANGE.0, EXTRA_RANGE.1);
-        let slot = &mut self.round_extra[usize::from(n > 0)];
-        *slot = ema(*slot, sample, EXTRA_ALPHA);
-    }
-    /// The unpriced time of a plain round (`drafted` false) or of a round verifying a draft, in
-    /// seconds at the current step.
-    fn extra_secs(&self, drafted: bool, cost: &CostModel) -> f64 {
-        self.round_extra[usize::from(drafted)].map_or(0.0, |x| x * cost.cost(1))
-    }
-    /// Priced seconds of verifying `n` drafted tokens (a plain step for 0): the batch, and the
-    /// expected fast rollback or checkpoint and replay.
-    fn verify_secs(&self, n: usize, cost: &CostModel) -> f64 {
-        if n == 0 {
-            return cost.cost(1);
-        }
-        let (mut replay, mut fast, mut p) = (0.0, 0.0, 1.0);
-        for k in 1..=n.min(self.accept.len()) {
-            let before = p;
-            p *= self.estimate(k - 1);
-            replay += (before - p) * cost.replay_cost(k);
-            fast += (before - p) * cost.fast_rollback_cost(k);
-        }
-        cost.cost(n + 1)
-            + if cost.needs_checkpoint(n) {
-                cost.checkpoint_cost() + replay
-            } else {
-                fast
-            }
     }
     /// For a model drafter, before drafting: how many tokens to ask for (0: skip the drafter this
     /// round), counting the measured drafting time. Mostly [`Controller::choose`] with that cost;
@@ -685,7 +617,7 @@ impl Controller {
             return 0;
         }
         let d = self.draft_secs.unwrap_or(0.0);
-        let (n, _) = self.best(available, n_min, cost, d, |i| self.estimate(i));
+        let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
         self.probing = false;
         // A draft shorter than n_min is never used: no probe asks for one (near the end of a
         // request fewer tokens may be left).
@@ -702,9 +634,7 @@ impl Controller {
             return n;
         }
         self.drafter_in_sync = false;
-        // A skipped round is a plain step (a probe is priced again by `choose`).
-        self.priced = Some((0, cost.cost(1)));
-        if available < probe || self.best(available, n_min, cost, d, |_| 1.0).0 == 0 {
+        if available < probe || self.best(available, n_min, cost, d, |_| 1.0) == 0 {
             return 0;
         }
         self.skipped += 1;
@@ -725,9 +655,8 @@ impl Controller {
         self.probing = true;
         probe
     }
-    /// Argmax over n of expected tokens / time, with per-position acceptance `acc(i)`,
-    /// `draft_secs` per drafted token and the measured unpriced time of plain and drafted
-    /// rounds; with the rate it promises.
+    /// Argmax over n of expected tokens / time, with per-position acceptance `acc(i)` and
+    /// `draft_secs` per drafted token.
     fn best(
         &self,
         available: usize,
@@ -735,9 +664,8 @@ impl Controller {
         cost: &CostModel,
         draft_secs: f64,
         acc: impl Fn(usize) -> f64,
-    ) -> (usize, f64) {
-        let extra = self.extra_secs(true, cost);
-        let mut best = (0usize, 1.0 / (cost.cost(1) + self.extra_secs(false, cost)));
+    ) -> usize {
+        let mut best = (0usize, 1.0 / cost.cost(1));
         let (mut e, mut p) = (1.0, 1.0);
         // Expected rollback time if this draft ends at n: Σ_{k<n} P(exactly k accepted)·r(k+1),
         // r the checkpoint replay or the fast rollback keeping k + 1 rows.
@@ -751,7 +679,7 @@ impl Controller {
             if n < n_min.max(1) {
                 continue;
             }
-            let mut t = cost.cost(n + 1) + n as f64 * draft_secs + extra;
+            let mut t = cost.cost(n + 1) + n as f64 * draft_secs;
             if cost.needs_checkpoint(n) {
                 t += cost.checkpoint_cost() + replay;
             } else {
@@ -765,7 +693,7 @@ impl Controller {
                 best = (n, rate);
             }
         }
-        best
+        best.0
     }
     /// Current estimates (for statistics).
     pub fn estimates(&self) -> Vec<f64> {
@@ -1071,7 +999,7 @@ mod tests {
     fn expensive_verification_discourages_drafting() {
         // Each extra row costs a full step: speculation cannot pay at 50% acceptance.
         let cost = linear_cost(9, 0.040, 1.0);
-        let mut c = Controller::new(8).decided();
+        let c = Controller::new(8).decided();
         assert_eq!(c.choose(8, 0, &cost), 0);
     }
 
@@ -1139,8 +1067,7 @@ mod tests {
         assert!((1..=2).contains(&first), "first round drafts {first}");
         let mut rounds = 0;
         while c.choose(8, 0, &cost) > 0 {
-            let n = c.choose(8, 0, &cost);
-            c.observe(n, 0);
+            c.observe(c.choose(8, 0, &cost), 0);
             rounds += 1;
             assert!(rounds < 4, "still drafting after {rounds} misses");
         }
@@ -1294,43 +1221,5 @@ mod tests {
         c.resolve_shadow(1, 9);
         assert_eq!(c.estimates()[2], e);
         assert!(c.shadow.is_none());
-    }
-
-    /// Rounds that verify a draft taking longer than priced (sampling every row, bookkeeping)
-    /// tip a marginal draft below plain; rounds that cost what was priced keep it.
-    #[test]
-    fn unpriced_round_time_is_measured_and_priced() {
-        let cost = linear_cost(17, 0.010, 0.06);
-        let marginal = || {
-            let mut c = Controller::new(4).decided();
-            for i in 0..40 {
-                c.observe(1, usize::from(i % 20 < 11)); // position 0 accepted 55 %
-            }
-            c
-        };
-        let mut c = marginal();
-        assert_eq!(c.choose(1, 0, &cost), 1, "drafts at the priced costs");
-        // Each verified draft took half a step more than priced; plain rounds as priced.
-        let mut honest = marginal();
-        for _ in 0..30 {
-            let n = c.choose(1, 0, &cost);
-            let priced = c.verify_secs(n, &cost);
-            c.observe_round(priced + if n > 0 { 0.005 } else { 0.0 }, &cost);
-            let m = honest.choose(1, 0, &cost);
-            let priced = honest.verify_secs(m, &cost);
-            honest.observe_round(priced, &cost);
-        }
-        assert_eq!(c.choose(1, 0, &cost), 0, "{:?}", c.round_extra);
-        assert_eq!(honest.choose(1, 0, &cost), 1, "{:?}", honest.round_extra);
-        // A burst of host load is one bounded sample, not a verdict.
-        let mut d = marginal();
-        d.choose(1, 0, &cost);
-        d.observe_round(10.0, &cost);
-        assert!(d.round_extra[1].unwrap() <= EXTRA_RANGE.1);
-        // A round the controller did not decide calibrates nothing.
-        let mut e = marginal();
-        e.begin_round();
-        e.observe_round(1.0, &cost);
-        assert_eq!(e.round_extra, [None, None]);
     }
 }

@@ -270,9 +270,6 @@ struct Planned {
     /// Probabilistic verification: the drafter's distribution for each draft token. `None`:
     /// exact matching.
     probs: Option<Vec<DraftDist>>,
-    /// Seconds the drafter took this round (the rest of the round is what the controller
-    /// priced).
-    draft_secs: f64,
 }
 
 /// Runs generations for many sequences; all sequences' rows of a step share one decode batch.
@@ -651,7 +648,6 @@ impl Engine {
         let n_ctx = self.mem.config().n_ctx;
         let hybrid = self.model.memory_layout().is_hybrid();
         let window = self.mem.config().rollback_window;
-        let t_round = Instant::now();
         let mut plan: Vec<Planned> = Vec::new();
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
@@ -661,8 +657,6 @@ impl Engine {
             if s.gen_start.is_none() {
                 s.gen_start = Some(Instant::now());
             }
-            s.controller.begin_round();
-            let mut draft_secs = 0.0;
             let remaining = s.req.n_predict - s.generated.len();
             // A round yields up to n+1 tokens and feeds n+1 rows.
             let room = n_ctx.saturating_sub(s.tokens.len()); // rows that still fit
@@ -709,7 +703,6 @@ impl Engine {
                         draft,
                         cp: None,
                         probs: None,
-                        draft_secs,
                     });
                     continue;
                 }
@@ -721,9 +714,9 @@ impl Engine {
                         continue;
                     }
                 }
-                draft_secs = t_draft.elapsed().as_secs_f64();
                 if !cheap {
-                    s.controller.observe_draft_time(draft_secs, draft.len());
+                    s.controller
+                        .observe_draft_time(t_draft.elapsed().as_secs_f64(), draft.len());
                     if draft.is_empty() {
                         // A model drafter that proposes nothing (below p-min) spent its time for
                         // no token: for the throughput estimate that is a miss at position 0.
@@ -783,7 +776,6 @@ impl Engine {
                 draft,
                 cp,
                 probs,
-                draft_secs,
             });
         }
         if plan.is_empty() {
@@ -835,12 +827,6 @@ impl Engine {
                 return events;
             }
         };
-        // A sequence decoded alone: its round's time outside drafting calibrates what its
-        // controller leaves unpriced (not its first round, which finished the prompt).
-        let alone = match plan.as_slice() {
-            [pl] => Some((pl.id, pl.draft_secs)),
-            _ => None,
-        };
         let mut row = 0;
         for pl in plan {
             let n = pl.draft.len() + 1;
@@ -848,14 +834,6 @@ impl Engine {
             let hidden = out.hidden.get(row * h..(row + n) * h).unwrap_or(&[]);
             row += n;
             self.accept(&pl, &logits, hidden, &mut events);
-        }
-        if let Some((id, draft_secs)) = alone {
-            if let Some(s) = self.seqs.get_mut(&id) {
-                if s.stats.rounds > 1 {
-                    let secs = t_round.elapsed().as_secs_f64() - draft_secs;
-                    s.controller.observe_round(secs, &self.cost);
-                }
-            }
         }
         events
     }
