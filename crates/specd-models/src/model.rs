@@ -333,10 +333,19 @@ impl Model {
         let xs = gather(&x, h, &want);
         let mut hn = vec![0f32; xs.len()];
         rms_norm_rows(&xs, &self.output_norm, self.cfg.eps, &mut hn);
-        let mut logits = vec![0f32; want.len() * self.cfg.n_vocab];
-        matmul(&hn, want.len(), &self.output, &mut logits)?;
+        // The LM head writes straight into the output: a verification batch's logits are
+        // megabytes (rows × vocabulary), and a second buffer plus a copy cost as much as a
+        // small matmul.
+        let len = want.len() * self.cfg.n_vocab;
+        let base = out.logits.len();
+        if base == 0 {
+            // Zeroed memory from the allocator (fresh pages are zero) instead of a pass over it.
+            out.logits = vec![0f32; len];
+        } else {
+            out.logits.resize(base + len, 0.0);
+        }
+        matmul(&hn, want.len(), &self.output, &mut out.logits[base..])?;
         out.rows.extend(want.iter().map(|i| i + start));
-        out.logits.extend_from_slice(&logits);
         Ok(())
     }
 

@@ -128,10 +128,16 @@ fn streaming() {
         bytes.len() as f64 / read / 1e9,
         rayon::current_num_threads()
     );
+    let q4k = weight(WeightType::KR16(KFormat::Q4K), rows, cols);
+    let q6k = weight(WeightType::KR16(KFormat::Q6K), rows, cols);
     for (w, isa) in [
         (&q, Isa::Avx2),
         (&q, Isa::Avx512Vnni),
         (&p, Isa::Avx512Vnni),
+        (&q4k, Isa::Avx512Vnni),
+        (&q6k, Isa::Avx512Vnni),
+        (&q4k, Isa::Avx2),
+        (&q6k, Isa::Avx2),
     ] {
         if !Isa::available().contains(&isa) {
             continue;
@@ -145,20 +151,30 @@ fn streaming() {
 }
 
 /// The same bytes as a model's layers hold them: many FFN-sized matrices, each far smaller
-/// than the model, called one after another (each call splits its rows over the threads).
+/// than the model, called one after another (each call splits its rows over the threads), for
+/// the interleaved types a decode step streams most.
 fn layer_streaming() {
     let (rows, cols, count) = (3584, 1024, 160);
-    let ws: Vec<Weight> = (0..count)
-        .map(|_| specd_ops::pack::pack(&weight(WeightType::Q8_0, rows, cols)).expect("pack"))
-        .collect();
-    let total: usize = ws.iter().map(|w| w.size_bytes()).sum();
-    let label = format!("layers {count}x({rows}x{cols}) q8_0 interleaved:");
-    let line = width_line(label, total, (rows, cols), 5, &mut |n, x, out| {
-        for w in &ws {
-            matmul_with(Isa::Avx512Vnni, x, n, w, out).expect("matmul");
-        }
-    });
-    println!("{line}");
+    for (name, make) in [
+        ("q8_0", WeightType::Q8_0),
+        ("q4_K", WeightType::KR16(KFormat::Q4K)),
+        ("q6_K", WeightType::KR16(KFormat::Q6K)),
+    ] {
+        let ws: Vec<Weight> = (0..count)
+            .map(|_| match make {
+                WeightType::KR16(_) => weight(make, rows, cols),
+                _ => specd_ops::pack::pack(&weight(make, rows, cols)).expect("pack"),
+            })
+            .collect();
+        let total: usize = ws.iter().map(|w| w.size_bytes()).sum();
+        let label = format!("layers {count}x({rows}x{cols}) {name} interleaved:");
+        let line = width_line(label, total, (rows, cols), 5, &mut |n, x, out| {
+            for w in &ws {
+                matmul_with(Isa::Avx512Vnni, x, n, w, out).expect("matmul");
+            }
+        });
+        println!("{line}");
+    }
 }
 
 fn main() {
