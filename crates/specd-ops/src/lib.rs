@@ -13,6 +13,20 @@
 //! plain step, and (b) keep the reduction order fixed across batch shapes. See
 //! `shared/docs/speculative.md` §8.
 
+/// `$kernel::<$fmt, R>(args)` with the tile height `R = $t`, one of `$heights`, or `$last` for
+/// any other value. The SIMD kernels take their number of activation rows as a constant, so that
+/// each tile height is its own instantiation with its accumulators in registers; every kernel
+/// family dispatches through this one match.
+macro_rules! for_tile_height {
+    ($t:expr, [$($h:literal),+], $last:literal, $kernel:ident::<$f:ty> $args:tt) => {
+        match $t {
+            $($h => $kernel::<$f, $h> $args,)+
+            _ => $kernel::<$f, $last> $args,
+        }
+    };
+}
+pub(crate) use for_tile_height;
+
 pub mod activation;
 pub mod attention;
 pub mod conv;

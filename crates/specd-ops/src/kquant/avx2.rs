@@ -305,15 +305,15 @@ pub(crate) unsafe fn dot_group(
     macro_rules! tiles {
         ($f:ty, $p:expr, $t:expr, $out:expr) => {
             for h in 0..2 {
-                match ($t, vnni) {
-                    (4, false) => kernel::<$f, 4>(w, h, $p, $out, ostride),
-                    (3, false) => kernel::<$f, 3>(w, h, $p, $out, ostride),
-                    (2, false) => kernel::<$f, 2>(w, h, $p, $out, ostride),
-                    (_, false) => kernel::<$f, 1>(w, h, $p, $out, ostride),
-                    (4, true) => kernel_vnni::<$f, 4>(w, h, $p, $out, ostride),
-                    (3, true) => kernel_vnni::<$f, 3>(w, h, $p, $out, ostride),
-                    (2, true) => kernel_vnni::<$f, 2>(w, h, $p, $out, ostride),
-                    (_, true) => kernel_vnni::<$f, 1>(w, h, $p, $out, ostride),
+                if vnni {
+                    crate::for_tile_height!(
+                        $t,
+                        [4, 3, 2],
+                        1,
+                        kernel_vnni::<$f>(w, h, $p, $out, ostride)
+                    )
+                } else {
+                    crate::for_tile_height!($t, [4, 3, 2], 1, kernel::<$f>(w, h, $p, $out, ostride))
                 }
             }
         };

@@ -227,16 +227,12 @@ pub(crate) unsafe fn dot_group(
 ) {
     macro_rules! tiles {
         ($f:ty) => {
-            match t {
-                8 => kernel::<$f, 8>(w, p, out, ostride),
-                7 => kernel::<$f, 7>(w, p, out, ostride),
-                6 => kernel::<$f, 6>(w, p, out, ostride),
-                5 => kernel::<$f, 5>(w, p, out, ostride),
-                4 => kernel::<$f, 4>(w, p, out, ostride),
-                3 => kernel::<$f, 3>(w, p, out, ostride),
-                2 => kernel::<$f, 2>(w, p, out, ostride),
-                _ => kernel::<$f, 1>(w, p, out, ostride),
-            }
+            crate::for_tile_height!(
+                t,
+                [8, 7, 6, 5, 4, 3, 2],
+                1,
+                kernel::<$f>(w, p, out, ostride)
+            )
         };
     }
     unsafe {

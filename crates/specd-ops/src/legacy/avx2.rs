@@ -156,16 +156,7 @@ pub(crate) unsafe fn dot_group(
 ) {
     macro_rules! tiles {
         ($k:ident, $f:ty) => {
-            match t {
-                8 => $k::<$f, 8>(w, p, out, ostride),
-                7 => $k::<$f, 7>(w, p, out, ostride),
-                6 => $k::<$f, 6>(w, p, out, ostride),
-                5 => $k::<$f, 5>(w, p, out, ostride),
-                4 => $k::<$f, 4>(w, p, out, ostride),
-                3 => $k::<$f, 3>(w, p, out, ostride),
-                2 => $k::<$f, 2>(w, p, out, ostride),
-                _ => $k::<$f, 1>(w, p, out, ostride),
-            }
+            crate::for_tile_height!(t, [8, 7, 6, 5, 4, 3, 2], 1, $k::<$f>(w, p, out, ostride))
         };
     }
     macro_rules! level {
