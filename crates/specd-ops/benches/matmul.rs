@@ -167,21 +167,24 @@ fn layer_streaming() {
             })
             .collect();
         let total: usize = ws.iter().map(|w| w.size_bytes()).sum();
-        let label = format!("layers {count}x({rows}x{cols}) {name} interleaved:");
-        let line = width_line(label, total, (rows, cols), 5, &mut |n, x, out| {
-            for w in &ws {
-                matmul_with(Isa::Avx512Vnni, x, n, w, out).expect("matmul");
+        for isa in [Isa::Avx512Vnni, Isa::Avx2] {
+            if !Isa::available().contains(&isa) {
+                continue;
             }
-        });
-        println!("{line}");
+            let label = format!("layers {count}x({rows}x{cols}) {name} {isa:?}:");
+            let line = width_line(label, total, (rows, cols), 5, &mut |n, x, out| {
+                for w in &ws {
+                    matmul_with(isa, x, n, w, out).expect("matmul");
+                }
+            });
+            println!("{line}");
+        }
     }
 }
 
 fn main() {
     streaming();
-    if Isa::available().contains(&Isa::Avx512Vnni) {
-        layer_streaming();
-    }
+    layer_streaming();
     let (rows, cols) = (3584, 1024);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)

@@ -37,6 +37,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pack;
 pub mod parallel;
+mod prefetch;
 pub mod quant;
 pub mod rope;
 pub mod vec;

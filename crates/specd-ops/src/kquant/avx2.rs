@@ -214,16 +214,14 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut wv = [_mm256_setzero_si256(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            if h == 0 {
-                // The first half's pass streams the group from memory (the second finds it in
-                // cache): prefetch ahead as the AVX-512 kernel does.
-                let pf = blk.wrapping_add(super::avx512::PF_AHEAD);
-                for l in (0..gbb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-                }
-            }
+            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
             let mut isum = [_mm256_setzero_si256(); R];
             for s in 0..nsub {
+                if h == 0 {
+                    // The first half's pass streams the group from memory (the second finds it
+                    // in cache): a slice of the lines ahead per sub-block (see `prefetch`).
+                    crate::prefetch::slice(pf, gbb, s, nsub);
+                }
                 F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
                     blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,

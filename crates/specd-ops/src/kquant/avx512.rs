@@ -7,10 +7,6 @@
 use super::{ActPtrs, KFormat, IQ4_UNSIGNED, QK_K};
 use std::arch::x86_64::*;
 
-/// Bytes ahead of the current super-block that the kernel prefetches (as in the Q8_0 kernel:
-/// without it a few-row tile's compute and the weight stream take turns).
-pub(super) const PF_AHEAD: usize = 4096;
-
 /// How one format's sub-block quants become `vpdpbusd`'s unsigned operand.
 trait Fmt {
     const F: KFormat;
@@ -115,12 +111,11 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(PF_AHEAD);
-            for l in (0..gbb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-            }
+            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
             let mut isum = [_mm512_setzero_si512(); R];
             for s in 0..nsub {
+                // A slice of the lines ahead per sub-block, not all at once (see `prefetch`).
+                crate::prefetch::slice(pf, gbb, s, nsub);
                 F::load_sub(blk.add(hb + s * qb), &mut wv);
                 let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
                     blk.add(fmt.sc_offset() + 16 * s) as *const __m128i

@@ -8,7 +8,6 @@
 //! i16 — and `vpmaddwd` against the sub-block scale (repeated in both halves of each lane) widens
 //! them and applies the scale at once.
 
-use super::avx512::PF_AHEAD;
 use super::q23::{da_offset, quant_offset, sc_offset};
 use super::{ActPtrs, KFormat, QK_K};
 use std::arch::x86_64::*;
@@ -223,16 +222,15 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            if h == 0 {
-                // The first half's pass streams the group from memory (the second finds it in
-                // cache): prefetch ahead as the AVX-512 kernel does.
-                let pf = blk.wrapping_add(PF_AHEAD);
-                for l in (0..gbb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-                }
-            }
+            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
             let mut isum = [_mm256_setzero_si256(); R];
             for k in 0..8 {
+                if h == 0 {
+                    // The first half's pass streams the group from memory (the second finds it
+                    // in cache): a slice of the lines ahead per pair of sub-blocks (see
+                    // `prefetch`).
+                    crate::prefetch::slice(pf, gbb, k, 8);
+                }
                 sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
                 sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);
             }

@@ -9,7 +9,6 @@
 //! `u·sc < 256`): four multiplies per sub-block for all rows instead of one `vpmulld` per row.
 //! Q3_K's signed 6-bit scales do not fit that way and are applied per row.
 
-use super::avx512::PF_AHEAD;
 use super::q23::{da_offset, quant_offset, sc_offset};
 use super::{ActPtrs, KFormat, QK_K};
 use std::arch::x86_64::*;
@@ -143,12 +142,11 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(PF_AHEAD);
-            for l in (0..gbb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-            }
+            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
             let mut isum = [_mm512_setzero_si512(); R];
             for k in 0..8 {
+                // A slice of the lines ahead per pair of sub-blocks (see `prefetch`).
+                crate::prefetch::slice(pf, gbb, k, 8);
                 sub_block::<F, R, 0>(blk, k, b, p, &mut isum);
                 sub_block::<F, R, 1>(blk, k, b, p, &mut isum);
             }

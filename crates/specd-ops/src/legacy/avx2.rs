@@ -63,10 +63,8 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
                 if h == 0 {
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): prefetch ahead.
-                    let pf = blk.wrapping_add(4096);
-                    for l in (0..gbb).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-                    }
+                    let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+                    crate::prefetch::slice(pf, gbb, 0, 1);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let ms = if f.has_min() {

@@ -24,9 +24,6 @@ impl Fmt for Q5_1 {
     const F: LegacyFormat = LegacyFormat::Q5_1;
 }
 
-/// Bytes ahead of the current block that the kernel prefetches (as the Q8_0 / Q4_0 kernel).
-const PF_AHEAD: usize = 4096;
-
 /// The unsigned levels of chunk `c` (weights `4c..4c+4` of each of the 16 rows) of the group
 /// block at `blk`.
 #[inline(always)]
@@ -72,10 +69,8 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(PF_AHEAD);
-            for l in (0..gbb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-            }
+            // A block of 32 columns spans 5–7 lines: one slice (see `prefetch`).
+            crate::prefetch::slice(blk.wrapping_add(crate::prefetch::AHEAD), gbb, 0, 1);
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let ms = if f.has_min() {
                 _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))

@@ -339,10 +339,8 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                 if h == 0 {
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): prefetch ahead as the AVX-512 kernel does.
-                    let pf = blk.wrapping_add(super::avx512::PF_AHEAD);
-                    for l in (0..G::BYTES).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-                    }
+                    let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+                    crate::prefetch::slice(pf, G::BYTES, 0, 1);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 for r in 0..R {

@@ -202,12 +202,6 @@ impl GroupBlock for IQ4NL {
     }
 }
 
-/// Bytes ahead of the current block that `dot_r16` prefetches. The hardware prefetcher alone
-/// let a few-row tile's compute and the weight stream take turns (4 rows of the 0.8B model's
-/// output matrix: 1.24–1.29× one row without, 0.98–1.07× with; `cargo bench --bench matmul`).
-/// Prefetching past the end of the weights is harmless: prefetches never fault.
-pub(super) const PF_AHEAD: usize = 4096;
-
 /// One group of 16 interleaved weight rows (`nb` blocks of layout `G`, see [`crate::pack`])
 /// against `R` activation rows quantised by [`quantize_row_i8s`]: row `r`'s
 /// quants start at `xq + r·qstride`, its block scales at `xd + r·bstride`, its corrections at
@@ -238,10 +232,9 @@ pub unsafe fn dot_r16<G: GroupBlock, const R: usize>(
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
-            let pf = blk.wrapping_add(PF_AHEAD);
-            for l in (0..G::BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(l) as *const i8);
-            }
+            // Without the prefetch a few-row tile's compute and the weight stream take turns. A
+            // block of 32 columns spans 5–9 lines: one slice (see `prefetch`).
+            crate::prefetch::slice(blk.wrapping_add(crate::prefetch::AHEAD), G::BYTES, 0, 1);
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             G::load(blk, &mut wv);
             for r in 0..R {

@@ -1,0 +1,31 @@
+//! Software prefetch of the weight stream, shared by every SIMD matmul kernel family.
+//!
+//! A decode step reads each weight once, from memory. The kernels ask for the bytes [`AHEAD`] of
+//! the block they are working on, so that a few-row tile's arithmetic and the weight stream
+//! overlap instead of taking turns. *How* the requests are issued matters as much as how far
+//! ahead: a super-block of 16 interleaved rows spans 36 (Q4_K) to 53 (Q6_K) cache lines, and
+//! issuing all of them in one burst at the top of each super-block left the 8-row tile waiting on
+//! its own loads: it streamed at about a third of what one row streams. Issued a slice per
+//! sub-block instead ([`slice`]), the same requests keep the stream flowing, for one row and for
+//! eight (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
+
+/// Bytes ahead of the current block that the kernels prefetch. Prefetching past the end of the
+/// weights is harmless: a prefetch never faults.
+pub(crate) const AHEAD: usize = 4096;
+
+/// Prefetches (into L1) slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`;
+/// the slices `0..parts` together cover every line once.
+///
+/// # Safety
+/// None beyond the pointer arithmetic staying in the address space (`wrapping_add`); a prefetch
+/// of any address is allowed.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn slice(at: *const u8, bytes: usize, part: usize, parts: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let lines = bytes.div_ceil(64);
+    for l in part * lines / parts..(part + 1) * lines / parts {
+        // SAFETY: prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
+    }
+}
