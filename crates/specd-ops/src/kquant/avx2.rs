@@ -9,9 +9,12 @@
 //! the scale repeated in both halves of each lane), which saves the 32-bit multiply. Activations
 //! are in −127..=127 (see [`super::quantize_row_k`]), so a chunk's pair sums are bounded by
 //! 2·127·|w|max, and [`Fmt::CHUNKS_I16`] chunks are added in i16 before widening: Q4_K (`u` ≤ 15)
-//! all 8 of a sub-block (30480), Q5_K (≤ 31) 4 (31496); Q6_K and IQ4_XS are multiplied as signed
-//! values (`u − 32` ≤ 32 in magnitude: 4 chunks, 32512; IQ4_XS's table values up to 127: one)
-//! with the sign trick, so their offset needs no correction.
+//! all 8 of a sub-block (30480), Q5_K (≤ 31) 4 (31496), Q6_K (≤ 63) 2 (32004). Q6_K's offset
+//! (`w = u − 32`) is taken off once per super-block: `32·Σ_s sc_s·Σx` from the activations' sums
+//! per sub-block, as i16 pairs (`vpmaddwd`) — cheaper than the sign trick on every chunk, which
+//! costs two more instructions per row and chunk. IQ4_XS's table values (up to 127 in magnitude)
+//! are multiplied as signed values with the sign trick, one chunk at a time, so its offset needs no
+//! correction.
 
 use super::{ActPtrs, KFormat, IQ4_UNSIGNED, IQ4_VALUES, QK_K};
 use std::arch::x86_64::*;
@@ -74,8 +77,7 @@ impl Fmt for Q5K {
 
 impl Fmt for Q6K {
     const F: KFormat = KFormat::Q6K;
-    const SIGNED: bool = true;
-    const CHUNKS_I16: usize = 4;
+    const CHUNKS_I16: usize = 2;
     #[inline(always)]
     unsafe fn load_sub<const VNNI: bool>(q: *const u8, h: usize, wv: &mut [__m256i; 8]) {
         unsafe {
@@ -90,9 +92,6 @@ impl Fmt for Q6K {
             ];
             for c in 0..4 {
                 wv[c] = _mm256_or_si256(wv[c], _mm256_and_si256(hs[c], m));
-                if !VNNI {
-                    wv[c] = _mm256_sub_epi8(wv[c], _mm256_set1_epi8(32));
-                }
             }
         }
     }
@@ -230,6 +229,20 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
                     _mm256_slli_epi32::<16>(sc),
                 );
+                if !VNNI && F::SIGNED {
+                    // The sign trick's |w| once per chunk for every row of the tile (chunks
+                    // outermost); one chunk per widening, so the integer sums are the same.
+                    const { assert!(!F::SIGNED || F::CHUNKS_I16 == 1) };
+                    for c in 0..sub / 4 {
+                        let aw = _mm256_sign_epi8(wv[c], wv[c]);
+                        for r in 0..R {
+                            let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
+                            let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(xb, c), wv[c]));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m, sc16));
+                        }
+                    }
+                    continue;
+                }
                 for r in 0..R {
                     let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
                     if !VNNI {
@@ -249,6 +262,31 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     };
                     let d = idot_vnni(&wv, xb, sub / 4, p0);
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
+                }
+            }
+            if !VNNI && !F::SIGNED && off != 0 {
+                // The offset of `w = u − OFF` (Q6_K): `OFF·Σ_s sc_s·Σx_s` off each row's sum.
+                // Row j's scales of sub-blocks 2k, 2k+1 as an i16 pair, against the activation
+                // row's two sums (16 values each); exact in i32.
+                debug_assert_eq!(sub, 16, "the sums per 16 values");
+                let sc0 = blk.add(fmt.sc_offset() + 8 * h);
+                let mut pairs = [_mm256_setzero_si256(); 8];
+                for (k, v) in pairs.iter_mut().enumerate().take(nsub / 2) {
+                    let a = _mm_cvtepi8_epi16(_mm_loadl_epi64(sc0.add(32 * k) as *const __m128i));
+                    let c =
+                        _mm_cvtepi8_epi16(_mm_loadl_epi64(sc0.add(32 * k + 16) as *const __m128i));
+                    *v = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
+                }
+                for r in 0..R {
+                    let bs = p.bs16.add((r * p.nbk + b) * 16);
+                    let mut corr = _mm256_setzero_si256();
+                    for (k, v) in pairs.iter().enumerate().take(nsub / 2) {
+                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                        corr =
+                            _mm256_add_epi32(corr, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
+                    }
+                    isum[r] =
+                        _mm256_sub_epi32(isum[r], _mm256_mullo_epi32(corr, _mm256_set1_epi32(off)));
                 }
             }
             let da = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));

@@ -177,10 +177,15 @@ pub trait GroupBlock {
     /// Right shift turning the activations' `−128·Σx` into the offset the stored unsigned
     /// weights carry (used where the weights are multiplied as unsigned).
     const CORR_SHIFT: i32;
-    /// Integer dot of the eight rows of half `h` of the group block at `blk` with the 32
-    /// activations at `x`: `p + Σ w·x` per row (exact).
-    unsafe fn idot<const VNNI: bool>(blk: *const u8, h: usize, x: *const i8, p: __m256i)
-        -> __m256i;
+    /// Integer dots of the eight rows of half `h` of the group block at `blk` with the 32
+    /// activations at each `x[r]`: `p[r] += Σ w·x` per row (exact). Chunks outermost, so the
+    /// weight side (decoding, the sign trick's |w|) is done once for all `R` rows.
+    unsafe fn idot<const VNNI: bool, const R: usize>(
+        blk: *const u8,
+        h: usize,
+        x: &[*const i8; R],
+        p: &mut [__m256i; R],
+    );
 }
 
 pub struct Q8_0;
@@ -208,12 +213,12 @@ unsafe fn dp_small<const VNNI: bool>(p: __m256i, w: [__m256i; 2], x: [__m256i; 2
     }
 }
 
-/// `p + Σ w·x` over four-byte groups for signed `w` with |w| ≤ 128 (the sign trick: one
-/// `vpmaddubsw` pair sum is at most 2·128·127 = 32512, exact in i16).
+/// `p + Σ w·x` over four-byte groups for signed `w` with |w| ≤ 128, `aw` = |w| (the sign
+/// trick: one `vpmaddubsw` pair sum is at most 2·128·127 = 32512, exact in i16).
 #[inline(always)]
-unsafe fn dp_signed(p: __m256i, w: __m256i, x: __m256i) -> __m256i {
+unsafe fn dp_signed(p: __m256i, aw: __m256i, w: __m256i, x: __m256i) -> __m256i {
     unsafe {
-        let m = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+        let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
         _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)))
     }
 }
@@ -222,25 +227,29 @@ impl GroupBlock for Q8_0 {
     const BYTES: usize = 16 * 34;
     const CORR_SHIFT: i32 = 0;
     #[inline(always)]
-    unsafe fn idot<const VNNI: bool>(
+    unsafe fn idot<const VNNI: bool, const R: usize>(
         blk: *const u8,
         h: usize,
-        x: *const i8,
-        mut p: __m256i,
-    ) -> __m256i {
+        x: &[*const i8; R],
+        p: &mut [__m256i; R],
+    ) {
         unsafe {
             for c in 0..8 {
                 let w = _mm256_loadu_si256(blk.add(32 + 64 * c + 32 * h) as *const __m256i);
                 if VNNI {
-                    p = _mm256_dpbusd_avx_epi32(p, w, x4(x, c));
+                    for r in 0..R {
+                        p[r] = _mm256_dpbusd_avx_epi32(p[r], w, x4(x[r], c));
+                    }
                 } else {
                     // The stored `q + 128` would saturate `vpmaddubsw`: multiply the signed `q`
                     // with the sign trick instead (|q| ≤ 128, pair sums ≤ 32512).
                     let q = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
-                    p = dp_signed(p, q, x4(x, c));
+                    let aq = _mm256_abs_epi8(q);
+                    for r in 0..R {
+                        p[r] = dp_signed(p[r], aq, q, x4(x[r], c));
+                    }
                 }
             }
-            p
         }
     }
 }
@@ -249,12 +258,12 @@ impl GroupBlock for Q4_0 {
     const BYTES: usize = 16 * 18;
     const CORR_SHIFT: i32 = 4;
     #[inline(always)]
-    unsafe fn idot<const VNNI: bool>(
+    unsafe fn idot<const VNNI: bool, const R: usize>(
         blk: *const u8,
         h: usize,
-        x: *const i8,
-        mut p: __m256i,
-    ) -> __m256i {
+        x: &[*const i8; R],
+        p: &mut [__m256i; R],
+    ) {
         unsafe {
             let mask = _mm256_set1_epi8(0x0f);
             for k in 0..4 {
@@ -263,9 +272,10 @@ impl GroupBlock for Q4_0 {
                     _mm256_and_si256(v, mask),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
                 ];
-                p = dp_small::<VNNI>(p, w, [x4(x, 2 * k), x4(x, 2 * k + 1)]);
+                for r in 0..R {
+                    p[r] = dp_small::<VNNI>(p[r], w, [x4(x[r], 2 * k), x4(x[r], 2 * k + 1)]);
+                }
             }
-            p
         }
     }
 }
@@ -279,12 +289,12 @@ impl GroupBlock for IQ4NL {
     const BYTES: usize = 16 * 18;
     const CORR_SHIFT: i32 = 0;
     #[inline(always)]
-    unsafe fn idot<const VNNI: bool>(
+    unsafe fn idot<const VNNI: bool, const R: usize>(
         blk: *const u8,
         h: usize,
-        x: *const i8,
-        mut p: __m256i,
-    ) -> __m256i {
+        x: &[*const i8; R],
+        p: &mut [__m256i; R],
+    ) {
         unsafe {
             let mask = _mm256_set1_epi8(0x0f);
             let levels: *const u8 = if VNNI {
@@ -302,15 +312,18 @@ impl GroupBlock for IQ4NL {
                 ];
                 for (i, ix) in idx.into_iter().enumerate() {
                     let w = _mm256_shuffle_epi8(table, ix);
-                    let xv = x4(x, 2 * k + i);
                     if VNNI {
-                        p = _mm256_dpbusd_avx_epi32(p, w, xv);
+                        for r in 0..R {
+                            p[r] = _mm256_dpbusd_avx_epi32(p[r], w, x4(x[r], 2 * k + i));
+                        }
                     } else {
-                        p = dp_signed(p, w, xv);
+                        let aw = _mm256_abs_epi8(w);
+                        for r in 0..R {
+                            p[r] = dp_signed(p[r], aw, w, x4(x[r], 2 * k + i));
+                        }
                     }
                 }
             }
-            p
         }
     }
 }
@@ -343,17 +356,20 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                     crate::prefetch::slice(pf, G::BYTES, 0, 1);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
+                let mut ip = [_mm256_setzero_si256(); R];
+                let mut xs = [std::ptr::null::<i8>(); R];
                 for r in 0..R {
                     // Unsigned products (VNNI, Q4_0) start from the correction; the sign trick
                     // (AVX2 Q8_0) multiplies the signed weights directly.
-                    let start = if VNNI || G::CORR_SHIFT != 0 {
-                        _mm256_set1_epi32(*xc.add(r * bstride + b) >> G::CORR_SHIFT)
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    let ip = G::idot::<VNNI>(blk, h, xq.add(r * qstride + 32 * b), start);
+                    if VNNI || G::CORR_SHIFT != 0 {
+                        ip[r] = _mm256_set1_epi32(*xc.add(r * bstride + b) >> G::CORR_SHIFT);
+                    }
+                    xs[r] = xq.add(r * qstride + 32 * b);
+                }
+                G::idot::<VNNI, R>(blk, h, &xs, &mut ip);
+                for r in 0..R {
                     let s = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(r * bstride + b)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), s, acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip[r]), s, acc[r]);
                 }
             }
             for r in 0..R {
