@@ -140,7 +140,13 @@ fn iq4_xs_decodes_its_table() {
 #[test]
 fn kernels_match_reference_on_every_level() {
     for fmt in KFormat::ALL {
-        for &(rows, cols, n) in &[(48, 256, 9), (37, 512, 3), (16, 768, 1), (5, 256, 2)] {
+        for &(rows, cols, n) in &[
+            (48, 256, 9),
+            (37, 512, 3),
+            (16, 768, 1),
+            (5, 256, 2),
+            (32, 256, 6),
+        ] {
             let (w, p) = matrices(fmt, rows, cols, (rows * cols + n) as u64);
             let x = activations(n, cols, 5);
             let acts = KActs::new(&x, n, cols);

@@ -358,10 +358,26 @@ pub(crate) unsafe fn dot_group(
             }
         };
     }
+    // Q6_K's sub-blocks of 16 hold their weights in four registers, which leaves room for eight
+    // rows' sums on plain AVX2: its weight-side work (nibbles, high bits, scales) is then shared
+    // by twice the rows.
+    macro_rules! tiles8 {
+        ($f:ty, $p:expr, $t:expr, $out:expr) => {
+            for h in 0..2 {
+                crate::for_tile_height!(
+                    $t,
+                    [8, 7, 6, 5, 4, 3, 2],
+                    1,
+                    kernel::<$f>(w, h, $p, $out, ostride)
+                )
+            }
+        };
+    }
+    let wide = fmt == KFormat::Q6K && !vnni;
     unsafe {
         let mut r = 0;
         while r < t {
-            let n = (t - r).min(4);
+            let n = (t - r).min(if wide { 8 } else { 4 });
             let pr = ActPtrs {
                 q: p.q.add(r * p.qstride),
                 d: p.d.add(r * p.nbk),
@@ -373,6 +389,7 @@ pub(crate) unsafe fn dot_group(
             match fmt {
                 KFormat::Q4K => tiles!(Q4K, pr, n, o),
                 KFormat::Q5K => tiles!(Q5K, pr, n, o),
+                KFormat::Q6K if wide => tiles8!(Q6K, pr, n, o),
                 KFormat::Q6K => tiles!(Q6K, pr, n, o),
                 KFormat::IQ4XS => tiles!(IQ4XS, pr, n, o),
                 KFormat::Q2K | KFormat::Q3K => {
