@@ -1,4 +1,5 @@
-//! Software prefetch of the weight stream, shared by every SIMD matmul kernel family.
+//! Software prefetch of the weight stream, shared by every SIMD matmul kernel family (and used by
+//! the delta rule's row kernel for the recurrent state).
 //!
 //! A decode step reads each weight once, from memory. The kernels ask for the bytes [`AHEAD`] of
 //! the block they are working on, so that a few-row tile's arithmetic and the weight stream
@@ -14,14 +15,11 @@
 pub(crate) const AHEAD: usize = 4096;
 
 /// Prefetches (into L1) slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`;
-/// the slices `0..parts` together cover every line once.
-///
-/// # Safety
-/// None beyond the pointer arithmetic staying in the address space (`wrapping_add`); a prefetch
-/// of any address is allowed.
+/// the slices `0..parts` together cover every line once. Any address may be given: the pointer
+/// is only offset (`wrapping_add`) and prefetched, never read.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) unsafe fn slice(at: *const u8, bytes: usize, part: usize, parts: usize) {
+pub(crate) fn slice(at: *const u8, bytes: usize, part: usize, parts: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let lines = bytes.div_ceil(64);
     for l in part * lines / parts..(part + 1) * lines / parts {
