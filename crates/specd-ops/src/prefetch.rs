@@ -10,9 +10,25 @@
 //! sub-block instead ([`slice`]), the same requests keep the stream flowing, for one row and for
 //! eight (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
 
-/// Bytes ahead of the current block that the kernels prefetch. Prefetching past the end of the
+/// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
+/// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
+/// ahead is too close in time for the memory's latency, so it looks twice as far; one- and
+/// two-row tiles, bound by the stream itself, do best at 4 KiB. Prefetching past the end of the
 /// weights is harmless: a prefetch never faults.
-pub(crate) const AHEAD: usize = 4096;
+pub(crate) const fn ahead(rows: usize, wide_from: usize) -> usize {
+    if rows >= wide_from {
+        8192
+    } else {
+        4096
+    }
+}
+
+/// `wide_from` for kernels over blocks of 32 columns (Q8_0, Q4_0, IQ4_NL, the legacy types):
+/// 4 and 8 rows were both faster at 8 KiB.
+pub(crate) const WIDE_BLOCKS: usize = 4;
+/// `wide_from` for the super-block kernels, which do more arithmetic per byte: 8 rows were faster
+/// at 8 KiB, 4 rows not.
+pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
 
 /// Prefetches (into L1) slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`;
 /// the slices `0..parts` together cover every line once. Any address may be given: the pointer

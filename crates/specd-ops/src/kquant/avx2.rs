@@ -217,7 +217,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut wv = [_mm256_setzero_si256(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(
+                R,
+                crate::prefetch::WIDE_SUPER_BLOCKS,
+            ));
             let mut isum = [_mm256_setzero_si256(); R];
             for s in 0..nsub {
                 if h == 0 {

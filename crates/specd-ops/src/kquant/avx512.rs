@@ -111,7 +111,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(
+                R,
+                crate::prefetch::WIDE_SUPER_BLOCKS,
+            ));
             let mut isum = [_mm512_setzero_si512(); R];
             for s in 0..nsub {
                 // A slice of the lines ahead per sub-block, not all at once (see `prefetch`).

@@ -222,7 +222,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(
+                R,
+                crate::prefetch::WIDE_SUPER_BLOCKS,
+            ));
             let mut isum = [_mm256_setzero_si256(); R];
             for k in 0..8 {
                 if h == 0 {

@@ -142,7 +142,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(
+                R,
+                crate::prefetch::WIDE_SUPER_BLOCKS,
+            ));
             let mut isum = [_mm512_setzero_si512(); R];
             for k in 0..8 {
                 // A slice of the lines ahead per pair of sub-blocks (see `prefetch`).

@@ -70,7 +70,12 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
             // A block of 32 columns spans 5–7 lines: one slice (see `prefetch`).
-            crate::prefetch::slice(blk.wrapping_add(crate::prefetch::AHEAD), gbb, 0, 1);
+            crate::prefetch::slice(
+                blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
+                gbb,
+                0,
+                1,
+            );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let ms = if f.has_min() {
                 _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i))

@@ -352,7 +352,8 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                 if h == 0 {
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): prefetch ahead as the AVX-512 kernel does.
-                    let pf = blk.wrapping_add(crate::prefetch::AHEAD);
+                    let pf =
+                        blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
                     crate::prefetch::slice(pf, G::BYTES, 0, 1);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));

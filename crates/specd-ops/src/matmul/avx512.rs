@@ -234,7 +234,12 @@ pub unsafe fn dot_r16<G: GroupBlock, const R: usize>(
             let blk = w.add(b * G::BYTES);
             // Without the prefetch a few-row tile's compute and the weight stream take turns. A
             // block of 32 columns spans 5–9 lines: one slice (see `prefetch`).
-            crate::prefetch::slice(blk.wrapping_add(crate::prefetch::AHEAD), G::BYTES, 0, 1);
+            crate::prefetch::slice(
+                blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
+                G::BYTES,
+                0,
+                1,
+            );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             G::load(blk, &mut wv);
             for r in 0..R {
