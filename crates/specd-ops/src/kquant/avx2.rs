@@ -171,6 +171,42 @@ unsafe fn idot_scaled<F: Fmt>(
     }
 }
 
+/// For the eight rows of half `h`: row j's scales of sub-blocks 2k and 2k+1 (of 16) as an i16
+/// pair in lane j of `pairs[k]`. `sc` points at sub-block 0's 16 scale bytes (one per row of the
+/// group), each sub-block's following the last. Signed bytes (Q6_K, Q3_K), or with `HI_NIBBLE`
+/// the unsigned high nibbles (Q2_K's `m`).
+#[inline(always)]
+pub(super) unsafe fn scale_pairs<const HI_NIBBLE: bool>(sc: *const u8, h: usize) -> [__m256i; 8] {
+    unsafe {
+        let mut pairs = [_mm256_setzero_si256(); 8];
+        for (k, v) in pairs.iter_mut().enumerate() {
+            let a = _mm_loadl_epi64(sc.add(32 * k + 8 * h) as *const __m128i);
+            let c = _mm_loadl_epi64(sc.add(32 * k + 16 + 8 * h) as *const __m128i);
+            let ac = _mm_unpacklo_epi8(a, c);
+            *v = if HI_NIBBLE {
+                _mm256_srli_epi16::<4>(_mm256_cvtepu8_epi16(ac))
+            } else {
+                _mm256_cvtepi8_epi16(ac)
+            };
+        }
+        pairs
+    }
+}
+
+/// `Σ_s sc_s·Σx_s` per row of the half, for one activation row whose 16 sums per 16 values are
+/// at `bs` (`pairs` from [`scale_pairs`]); exact in i32.
+#[inline(always)]
+pub(super) unsafe fn scaled_sums(pairs: &[__m256i; 8], bs: *const i16) -> __m256i {
+    unsafe {
+        let mut sum = _mm256_setzero_si256();
+        for (k, v) in pairs.iter().enumerate() {
+            let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
+        }
+        sum
+    }
+}
+
 /// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows, on AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kernel<F: Fmt, const R: usize>(
@@ -273,25 +309,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             }
             if !VNNI && !F::SIGNED && off != 0 {
                 // The offset of `w = u − OFF` (Q6_K): `OFF·Σ_s sc_s·Σx_s` off each row's sum.
-                // Row j's scales of sub-blocks 2k, 2k+1 as an i16 pair, against the activation
-                // row's two sums (16 values each); exact in i32.
                 debug_assert_eq!(sub, 16, "the sums per 16 values");
-                let sc0 = blk.add(fmt.sc_offset() + 8 * h);
-                let mut pairs = [_mm256_setzero_si256(); 8];
-                for (k, v) in pairs.iter_mut().enumerate().take(nsub / 2) {
-                    let a = _mm_cvtepi8_epi16(_mm_loadl_epi64(sc0.add(32 * k) as *const __m128i));
-                    let c =
-                        _mm_cvtepi8_epi16(_mm_loadl_epi64(sc0.add(32 * k + 16) as *const __m128i));
-                    *v = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
-                }
+                let pairs = scale_pairs::<false>(blk.add(fmt.sc_offset()), h);
                 for r in 0..R {
-                    let bs = p.bs16.add((r * p.nbk + b) * 16);
-                    let mut corr = _mm256_setzero_si256();
-                    for (k, v) in pairs.iter().enumerate().take(nsub / 2) {
-                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                        corr =
-                            _mm256_add_epi32(corr, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
-                    }
+                    let corr = scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
                     isum[r] =
                         _mm256_sub_epi32(isum[r], _mm256_mullo_epi32(corr, _mm256_set1_epi32(off)));
                 }

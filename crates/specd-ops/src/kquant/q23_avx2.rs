@@ -239,17 +239,11 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             }
             // Row j's two scale bytes of each pair of sub-blocks as an i16 pair (Q3_K: `sc`
             // for the offset; Q2_K: `m`), against a row's two activation sums.
-            let mut pairs = [_mm256_setzero_si256(); 8];
-            for (k, v) in pairs.iter_mut().enumerate() {
-                let a = _mm_loadl_epi64(blk.add(sc0 + 32 * k + 8 * h) as *const __m128i);
-                let c = _mm_loadl_epi64(blk.add(sc0 + 32 * k + 16 + 8 * h) as *const __m128i);
-                let ac = _mm_unpacklo_epi8(a, c);
-                *v = if fmt == KFormat::Q3K {
-                    _mm256_cvtepi8_epi16(ac)
-                } else {
-                    _mm256_srli_epi16::<4>(_mm256_cvtepu8_epi16(ac))
-                };
-            }
+            let pairs = if fmt == KFormat::Q3K {
+                super::avx2::scale_pairs::<false>(blk.add(sc0), h)
+            } else {
+                super::avx2::scale_pairs::<true>(blk.add(sc0), h)
+            };
             let da = _mm256_cvtph_ps(_mm_loadu_si128(
                 blk.add(da_offset(fmt) + 16 * h) as *const __m128i
             ));
@@ -260,12 +254,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             };
             // Row by row (no array of sums: registers for four-row tiles).
             for r in 0..R {
-                let bs = p.bs16.add((r * p.nbk + b) * 16);
-                let mut msum = _mm256_setzero_si256();
-                for (k, v) in pairs.iter().enumerate() {
-                    let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
-                }
+                let msum = super::avx2::scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
                 if fmt == KFormat::Q3K {
                     // `u` carries +4: subtract 4·Σ_s sc_s·Σx_s.
                     isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<2>(msum));
