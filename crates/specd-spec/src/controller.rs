@@ -227,6 +227,10 @@ impl CostModel {
         }
     }
 
+    /// Seconds of a one-row step, once one is measured.
+    pub fn step_secs(&self) -> Option<f64> {
+        self.step
+    }
     /// Whether the next round should decode one row (draft nothing) to measure the step the
     /// widths are priced in: none measured since verification batches were, or the last one
     /// is [`STEP_REFRESH`] batches old.
@@ -639,7 +643,11 @@ impl Controller {
         }
         self.skipped += 1;
         self.missed += 1;
-        self.skipped_secs += cost.cost(1);
+        // Seconds only once a step is measured: before that the cost model's unit is arbitrary
+        // (a second), and a server whose first requests run side by side measures no step
+        // (only one sequence's batches are timed) — each skipped round then let the 1 % budget
+        // pay for 10 ms of catch-ups.
+        self.skipped_secs += cost.step_secs().unwrap_or(0.0);
         // The probe's own catch-up counts against the budget too: it grows with the rounds
         // missed (on the trained pair one fed 209 tokens, 5 % of that request's time).
         let next = self
@@ -1152,6 +1160,26 @@ mod tests {
             c.observe(1, 1);
         }
         assert!(c.plan(8, 0, &cost) >= 2);
+    }
+
+    #[test]
+    fn no_probe_budget_accrues_before_a_step_is_measured() {
+        // Nothing measured: the cost model prices in an arbitrary unit, not in seconds.
+        let cost = CostModel::default();
+        let mut c = Controller::new(8);
+        c.observe_draft_time(0.001, 1);
+        c.observe_draft_time(0.001, 1);
+        for _ in 0..30 {
+            c.observe(4, 0);
+        }
+        for _ in 0..400 {
+            if c.plan(8, 0, &cost) == 1 {
+                c.observe_draft_time(0.005, 1); // a catch-up round
+                c.observe(1, 0);
+            }
+        }
+        assert_eq!(c.skipped_secs, 0.0);
+        assert!(c.catch_up_secs <= 0.005 + 1e-12, "{}", c.catch_up_secs);
     }
 
     #[test]
