@@ -9,7 +9,7 @@
 //!   per-token inputs (`Replay`, default) or copies a per-token snapshot (`Snapshot`) — the model is
 //!   never run again.
 //! * **Checkpoints** ([`checkpoint`]): copies of the recurrent state at a position, for
-//!   checkpoint-and-replay (the fallback) and prompt reuse. Bounded in bytes.
+//!   checkpoint-and-redecode (the fallback) and prompt reuse. Bounded in bytes.
 //!
 //! * **Saved state** ([`Memory::save_sequence`] / [`Memory::load_sequence`]): one sequence's
 //!   memory as bytes, for the server's slot save and restore.

@@ -143,7 +143,7 @@ proptest! {
         let cp = mm.checkpoint(0).unwrap();
         m.decode(&mut mm, &Batch::from_tokens(&draft, prefix.len() as u32, 0, true)).unwrap();
         if rmode == RollbackMode::None && m.memory_layout().is_hybrid() {
-            // Checkpoint + replay of the accepted part.
+            // Checkpoint + redecode of the accepted part.
             mm.restore(0, cp.unwrap()).unwrap();
             if keep > 0 {
                 m.decode(&mut mm, &Batch::from_tokens(&draft[..keep], prefix.len() as u32, 0, false)).unwrap();

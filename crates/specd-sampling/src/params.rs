@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// Same sentinel as llama.cpp's `LLAMA_DEFAULT_SEED` (`0xFFFFFFFF`). The
 /// concrete seed drawn for such a request is exposed by
-/// [`Sampler::seed`](crate::Sampler::seed) so the request can be replayed.
+/// [`Sampler::seed`](crate::Sampler::seed) so the request can be repeated.
 pub const RANDOM_SEED: u32 = u32::MAX;
 
 /// A sampling parameter outside its valid range.

@@ -49,7 +49,7 @@ pub(crate) fn resolve_seed(seed: u32) -> u32 {
     h.write_u128(nanos);
     let v = h.finish();
     let s = (v ^ (v >> 32)) as u32;
-    // The drawn seed must not be the sentinel itself, otherwise replaying the
+    // The drawn seed must not be the sentinel itself, otherwise repeating the
     // request with it would draw yet another random seed.
     if s == RANDOM_SEED {
         RANDOM_SEED - 1

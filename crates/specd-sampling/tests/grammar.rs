@@ -168,7 +168,7 @@ proptest! {
     /// Accepting tokens, rolling some back and sampling again gives exactly the tokens that
     /// sampling without the detour gives: the grammar state rolls back with the history.
     #[test]
-    fn rollback_then_replay_equals_never_drafted(seed in 0u64..1000, detour in 1usize..6) {
+    fn rollback_then_sampling_again_equals_never_drafted(seed in 0u64..1000, detour in 1usize..6) {
         let g = GrammarSpec::Regex("[a-z]{1,8}( [a-z]{1,8}){0,6}\\.".into());
         let params = SamplerParams { temperature: 0.8, seed: seed as u32, ..Default::default() };
         let (_, plain) = generate(&g, params, seed, 40);

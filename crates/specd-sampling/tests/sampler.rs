@@ -69,13 +69,13 @@ fn same_seed_and_position_give_same_token() {
 }
 
 #[test]
-fn random_seed_is_resolved_and_replayable() {
+fn random_seed_is_resolved_and_repeatable() {
     let s = Sampler::new(unfiltered(RANDOM_SEED), &[]).unwrap();
     assert_ne!(s.seed(), RANDOM_SEED);
-    let replay = Sampler::new(unfiltered(s.seed()), &[]).unwrap();
+    let again = Sampler::new(unfiltered(s.seed()), &[]).unwrap();
     let l = logits(100, 2, 2.0);
     for pos in 0..50 {
-        assert_eq!(s.sample(&l, pos), replay.sample(&l, pos));
+        assert_eq!(s.sample(&l, pos), again.sample(&l, pos));
     }
 }
 

@@ -345,14 +345,14 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     o.metric(
         "specd:rollbacks_checkpoint_total",
         c,
-        "Rejected drafts rolled back by checkpoint restore and replay.",
+        "Rejected drafts rolled back by checkpoint restore and redecode.",
         s.rollbacks_checkpoint as f64,
     );
     o.metric(
-        "specd:replayed_tokens_total",
+        "specd:redecoded_tokens_total",
         c,
-        "Tokens decoded again by checkpoint replays.",
-        s.replayed_tokens as f64,
+        "Tokens decoded again by checkpoint redecodes.",
+        s.redecoded_tokens as f64,
     );
     o.metric(
         "specd:prompt_tokens_cached_total",

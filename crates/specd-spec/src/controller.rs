@@ -11,7 +11,7 @@
 //!
 //! When the draft is verified under a checkpoint (checkpoint rollback, or a draft longer than the
 //! fast path's window), `time(n)` also counts the measured checkpoint time and the expected
-//! replay: Σ_{k<n} P(exactly k accepted)·replay(k+1); otherwise the expected fast rollback, the
+//! redecode: Σ_{k<n} P(exactly k accepted)·redecode(k+1); otherwise the expected fast rollback, the
 //! same sum over its measured cost per kept row.
 //!
 //! It starts pessimistic, because a request that ends before the estimates settle must not have
@@ -41,7 +41,7 @@
 //! the second round on: a drafter that does not pay has cost one verification.
 
 /// Measured cost of verification batches by width (rows), shared by every sequence, and of the
-/// checkpoint-and-replay rollback where a draft needs it.
+/// checkpoint-and-redecode rollback where a draft needs it.
 ///
 /// Every cost except the one-row step is kept **in steps**: a sample is divided by the step
 /// estimate of the moment it was taken. The choice of a draft length only compares costs with
@@ -63,12 +63,12 @@ pub struct CostModel {
     /// Seconds of decodes of width w measured before any one-row step (converted to steps when
     /// the first one is).
     pending: Vec<Option<f64>>,
-    /// One-row steps since width w (index w) or a replay keeping w rows (index
+    /// One-row steps since width w (index w) or a redecode keeping w rows (index
     /// `MAX_WIDTH + 1 + w`) was last measured; at [`FORGET_AFTER`] the measurement is dropped.
     age: Vec<u32>,
-    /// EMA, in steps, of a checkpoint-and-replay rollback that kept w rows (index w): restoring
+    /// EMA, in steps, of a checkpoint-and-redecode rollback that kept w rows (index w): restoring
     /// the state and decoding those rows again.
-    replay: Vec<Option<f64>>,
+    redecode: Vec<Option<f64>>,
     /// EMA, in steps, of taking a checkpoint before a verification batch.
     checkpoint: Option<f64>,
     /// EMA, in steps per kept row, of a fast rollback (the recurrence replayed over the kept
@@ -80,7 +80,7 @@ pub struct CostModel {
     /// Samples behind each width's estimate (index w, capped at [`MAX_WEIGHT`]): its weight
     /// when the widths are made monotone.
     count: Vec<u8>,
-    /// Whether the first sample of each kind was seen and dropped (widths at index w, replays
+    /// Whether the first sample of each kind was seen and dropped (widths at index w, redecodes
     /// at `MAX_WIDTH + 1 + rows`, then the checkpoint and the fast rollback): the first decode
     /// of a width in a process allocates and faults in its buffers. One such sample priced two
     /// rows at 2 steps — and every wider batch at a step per row more — and a request at 50 %
@@ -90,7 +90,7 @@ pub struct CostModel {
     /// first checkpoint on a fresh server allocates its buffers — ~3 steps in one sweep, which
     /// kept checkpoint mode from drafting at full acceptance for the rest of the run).
     checkpoint_age: u32,
-    /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a replay when not
+    /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a redecode when not
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
     /// paths, unlimited without recurrent state.
     fast_window: usize,
@@ -118,7 +118,7 @@ impl Default for CostModel {
             table: Vec::new(),
             pending: vec![None; MAX_WIDTH + 1],
             age: vec![0; 2 * (MAX_WIDTH + 1)],
-            replay: vec![None; MAX_WIDTH + 1],
+            redecode: vec![None; MAX_WIDTH + 1],
             checkpoint: None,
             checkpoint_age: 0,
             fast_per_row: None,
@@ -148,7 +148,7 @@ pub const FORGET_FEW_AFTER: u32 = 32;
 /// Index in [`CostModel::warm`] of the checkpoint's and the fast rollback's first samples.
 const WARM_CHECKPOINT: usize = 2 * (MAX_WIDTH + 1);
 const WARM_FAST: usize = WARM_CHECKPOINT + 1;
-/// One-row steps after which a width's, a replay's or the checkpoint's cost measurement is
+/// One-row steps after which a width's, a redecode's or the checkpoint's cost measurement is
 /// forgotten, so it is priced from its neighbours or the prior again. A cost that makes
 /// drafting look dear is never measured again (nothing is drafted): one slow sample — the first
 /// checkpoint on a fresh server, which allocates its buffers — kept checkpoint mode from drafting
@@ -157,7 +157,7 @@ pub const FORGET_AFTER: u32 = 256;
 
 impl CostModel {
     /// A cost model for a memory whose fast rollback covers batches of up to `fast_window` rows
-    /// (0: every draft is verified under a checkpoint and rolled back by replay).
+    /// (0: every draft is verified under a checkpoint and rolled back by redecode).
     pub fn with_fast_window(fast_window: usize) -> Self {
         CostModel {
             fast_window,
@@ -175,17 +175,17 @@ impl CostModel {
         }
         self.step.map(|s| secs / s)
     }
-    /// Records a checkpoint-and-replay rollback that kept `rows` rows and took `secs`.
-    pub fn observe_replay(&mut self, rows: usize, secs: f64) {
-        if let (true, Some(u)) = (rows < self.replay.len(), self.in_steps(secs)) {
+    /// Records a checkpoint-and-redecode rollback that kept `rows` rows and took `secs`.
+    pub fn observe_redecode(&mut self, rows: usize, secs: f64) {
+        if let (true, Some(u)) = (rows < self.redecode.len(), self.in_steps(secs)) {
             if self.cold(MAX_WIDTH + 1 + rows) {
                 return;
             }
-            self.replay[rows] = ema(self.replay[rows], u, COST_RATE);
+            self.redecode[rows] = ema(self.redecode[rows], u, COST_RATE);
             self.age[MAX_WIDTH + 1 + rows] = 0;
         }
     }
-    /// Records a fast rollback (no model replay) that kept `rows` rows and took `secs`.
+    /// Records a fast rollback (nothing decoded again) that kept `rows` rows and took `secs`.
     pub fn observe_fast_rollback(&mut self, rows: usize, secs: f64) {
         if let (true, Some(u)) = (rows > 0, self.in_steps(secs)) {
             if self.cold(WARM_FAST) {
@@ -217,10 +217,10 @@ impl CostModel {
     fn checkpoint_cost(&self) -> f64 {
         self.checkpoint.unwrap_or(0.0) * self.cost(1)
     }
-    /// Estimated seconds of a replay rollback keeping `rows` rows: measured, else the cost of a
-    /// verification batch of that width (an upper bound: a replay computes no logits).
-    fn replay_cost(&self, rows: usize) -> f64 {
-        match self.replay.get(rows).copied().flatten() {
+    /// Estimated seconds of a redecode keeping `rows` rows: measured, else the cost of a
+    /// verification batch of that width (an upper bound: a redecode computes no logits).
+    fn redecode_cost(&self, rows: usize) -> f64 {
+        match self.redecode.get(rows).copied().flatten() {
             Some(u) => u * self.cost(1),
             None if rows == 0 => 0.0,
             None => self.cost(rows),
@@ -265,7 +265,7 @@ impl CostModel {
             for (i, age) in self.age.iter_mut().enumerate() {
                 let m = match i.checked_sub(MAX_WIDTH + 1) {
                     None => &mut self.units[i],
-                    Some(r) => &mut self.replay[r],
+                    Some(r) => &mut self.redecode[r],
                 };
                 if m.is_some() {
                     *age += 1;
@@ -676,20 +676,20 @@ impl Controller {
         let mut best = (0usize, 1.0 / cost.cost(1));
         let (mut e, mut p) = (1.0, 1.0);
         // Expected rollback time if this draft ends at n: Σ_{k<n} P(exactly k accepted)·r(k+1),
-        // r the checkpoint replay or the fast rollback keeping k + 1 rows.
-        let (mut replay, mut fast) = (0.0, 0.0);
+        // r the checkpoint's redecode or the fast rollback keeping k + 1 rows.
+        let (mut redecode, mut fast) = (0.0, 0.0);
         for n in 1..=available.min(self.accept.len()) {
             let before = p;
             p *= acc(n - 1);
             e += p;
-            replay += (before - p) * cost.replay_cost(n);
+            redecode += (before - p) * cost.redecode_cost(n);
             fast += (before - p) * cost.fast_rollback_cost(n);
             if n < n_min.max(1) {
                 continue;
             }
             let mut t = cost.cost(n + 1) + n as f64 * draft_secs;
             if cost.needs_checkpoint(n) {
-                t += cost.checkpoint_cost() + replay;
+                t += cost.checkpoint_cost() + redecode;
             } else {
                 t += fast;
             }
@@ -896,13 +896,13 @@ mod tests {
     }
 
     #[test]
-    fn replay_rollback_is_counted() {
-        // This host's shape: 2 rows cost 1.1 steps, 3 rows 1.2; a replay costs about a step.
+    fn redecode_rollback_is_counted() {
+        // This host's shape: 2 rows cost 1.1 steps, 3 rows 1.2; a redecode costs about a step.
         let fast = linear_cost(9, 0.022, 0.1);
         let mut ckpt = CostModel::with_fast_window(0).warmed();
         for w in 1..=9 {
             ckpt.observe(w, 0.022 * (1.0 + 0.1 * (w as f64 - 1.0)));
-            ckpt.observe_replay(w, 0.020 * (1.0 + 0.1 * (w as f64 - 1.0)));
+            ckpt.observe_redecode(w, 0.020 * (1.0 + 0.1 * (w as f64 - 1.0)));
         }
         ckpt.observe_checkpoint(0.001);
         assert!(!fast.needs_checkpoint(8) && ckpt.needs_checkpoint(1));
@@ -913,9 +913,9 @@ mod tests {
         }
         // Fast rollback: short drafts pay (~1.5 tokens for 1.1 steps).
         assert!(c.choose(8, 0, &fast) >= 1);
-        // Checkpoint: half the rounds replay a step as well — plain decoding is faster.
+        // Checkpoint: half the rounds redecode a step as well — plain decoding is faster.
         assert_eq!(c.choose(8, 0, &ckpt), 0);
-        // At high acceptance the replay is rare and drafting pays again.
+        // At high acceptance the redecode is rare and drafting pays again.
         let mut c = Controller::new(8);
         for _ in 0..50 {
             c.observe(8, 8);

@@ -953,7 +953,7 @@ impl Engine {
         );
         let secs = t_rb.elapsed().as_secs_f64();
         match rolled {
-            Ok(RolledBack::Replay) => self.cost.observe_replay(k + 1, secs),
+            Ok(RolledBack::Redecode) => self.cost.observe_redecode(k + 1, secs),
             Ok(RolledBack::Fast) => self.cost.observe_fast_rollback(k + 1, secs),
             Ok(RolledBack::Nothing) => {}
             Err(e) => {

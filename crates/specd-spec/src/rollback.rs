@@ -1,7 +1,7 @@
 //! Taking the rejected tokens of a verification batch back out of the target's memory.
 //!
 //! Attention KV is truncated; recurrent state uses the memory's fast rollback (replayed
-//! recurrence or snapshot) and falls back to checkpoint-and-replay — restore the state saved
+//! recurrence or snapshot) and falls back to checkpoint-and-redecode — restore the state saved
 //! before verification and decode the accepted tokens again through the whole model — only when
 //! the fast path cannot cover the draft or checkpoint mode was chosen.
 
@@ -15,10 +15,10 @@ use specd_models::{Batch, Model};
 pub enum RolledBack {
     /// Nothing was rejected.
     Nothing,
-    /// Fast path: no model replay.
+    /// Fast path: nothing decoded again.
     Fast,
     /// Checkpoint restored and the kept rows decoded again.
-    Replay,
+    Redecode,
 }
 
 #[allow(clippy::too_many_arguments)] // each argument is one piece of the round's state
@@ -67,8 +67,8 @@ pub fn rollback_rejected(
                 model.decode(mem, &b)?;
             }
             stats.rollbacks_checkpoint += 1;
-            stats.replayed_tokens += keep as u64;
-            done = RolledBack::Replay;
+            stats.redecoded_tokens += keep as u64;
+            done = RolledBack::Redecode;
         }
     }
     if let Some(id) = checkpoint {

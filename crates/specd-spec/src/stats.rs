@@ -21,12 +21,12 @@ pub struct SpecStats {
     pub accepted_per_position: Vec<u64>,
     /// Drafted counts per draft position.
     pub drafted_per_position: Vec<u64>,
-    /// Rollbacks without model replay.
+    /// Rollbacks without decoding again (recurrence replay or snapshot).
     pub rollbacks_fast: u64,
-    /// Rollbacks by checkpoint restore + model replay.
+    /// Rollbacks by checkpoint restore + redecode.
     pub rollbacks_checkpoint: u64,
-    /// Tokens decoded again by checkpoint replays.
-    pub replayed_tokens: u64,
+    /// Tokens decoded again by checkpoint redecodes.
+    pub redecoded_tokens: u64,
     /// Histogram of chosen draft lengths (index = length).
     pub chosen_lengths: Vec<u64>,
     /// Tokens drafted for free because the grammar forced them.
@@ -82,7 +82,7 @@ impl SpecStats {
         self.controller_skips += o.controller_skips;
         self.rollbacks_fast += o.rollbacks_fast;
         self.rollbacks_checkpoint += o.rollbacks_checkpoint;
-        self.replayed_tokens += o.replayed_tokens;
+        self.redecoded_tokens += o.redecoded_tokens;
         self.grammar_forced_tokens += o.grammar_forced_tokens;
         self.probabilistic_rounds += o.probabilistic_rounds;
         for (dst, src) in [

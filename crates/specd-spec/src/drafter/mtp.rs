@@ -1,7 +1,7 @@
 //! `draft-mtp`: the model's own multi-token-prediction (NextN) head drafts (qwen35.md §3.7).
 //!
 //! The head is one attention block fed with a token and the hidden state of the position before
-//! it. Its KV cache mirrors the target: every row the target keeps is replayed through the head
+//! it. Its KV cache mirrors the target: every row the target keeps is fed through the head
 //! (batched into the next draft call, so mirroring costs no extra pass), paired with the target's
 //! hidden state of the previous row. Drafting then runs the head recursively on its own output,
 //! and the drafted positions are removed from its cache afterwards (attention only: plain
