@@ -1,7 +1,7 @@
 //! Software prefetch of the weight stream, shared by every SIMD matmul kernel family (and used by
 //! the delta rule's row kernel for the recurrent state).
 //!
-//! A decode step reads each weight once, from memory. The kernels ask for the bytes [`AHEAD`] of
+//! A decode step reads each weight once, from memory. The kernels ask for the bytes [`ahead`] of
 //! the block they are working on, so that a few-row tile's arithmetic and the weight stream
 //! overlap instead of taking turns. *How* the requests are issued matters as much as how far
 //! ahead: a super-block of 16 interleaved rows spans 36 (Q4_K) to 53 (Q6_K) cache lines, and
