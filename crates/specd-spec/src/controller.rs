@@ -31,7 +31,12 @@
 //! measured seconds per drafted token in `time(n)`. When that plan is zero nothing is drafted; a
 //! one-token probe is made after a growing number of skipped rounds so that a change in the text
 //! is noticed, and never once even perfect acceptance could not beat plain decoding at the
-//! measured costs.
+//! measured costs. A probe, and any return to drafting after skipped rounds, first feeds the
+//! drafter every token it missed; those catch-ups are held to [`PROBE_BUDGET`] of the plain time
+//! skipped, priced per missed round from the drafter's own prompt processing until a catch-up
+//! has been timed. While a position has fewer than [`EXPLORE_OBS`] observations the plan prices
+//! it one standard error above its estimate, so that the request's first token or two (often a
+//! miss) do not end drafting in text that accepts nearly everything.
 //!
 //! A sequence's **first** decision is to draft: its first plan of a model drafter, or the first
 //! draft of a cheap one, verifies at least `max(n_min, 1)` tokens whatever the estimates say
@@ -50,6 +55,11 @@
 /// than the one-row step measured every round in the slow phase that followed, so a controller
 /// with no accepted draft for many rounds kept verifying one-token drafts — 71 of them in one
 /// 128-token request at zero acceptance.
+///
+/// The step itself is guarded both ways: a one-row sample counts for at most [`STEP_OUTLIER`]
+/// times the estimate (one preempted step must not price plain decoding as slow for the hundreds
+/// of drafting rounds before the next one-row step), and a batch of several rows that took less
+/// than the estimate lowers it to that batch's time (no batch costs less than one of its rows).
 #[derive(Debug, Clone)]
 pub struct CostModel {
     /// EMA of seconds per one-row decode: the unit of everything else.
@@ -109,6 +119,9 @@ const STEP_REFRESH: u32 = 128;
 
 /// Widths the cost model keeps (wider batches are priced as the widest).
 const MAX_WIDTH: usize = 65;
+
+/// Most a one-row sample counts for, as a multiple of the step estimate it updates.
+const STEP_OUTLIER: f64 = 1.5;
 
 impl Default for CostModel {
     fn default() -> Self {
@@ -260,6 +273,11 @@ impl CostModel {
         if width == 1 {
             self.since_step = 0;
             let first = self.step.is_none();
+            // One slow sample moves the step by at most STEP_OUTLIER: the step prices plain
+            // decoding against drafting, and a sequence that drafts measures it again only
+            // every STEP_REFRESH batches, so a single preempted step would make drafting look
+            // cheap until then.
+            let secs = self.step.map_or(secs, |s| secs.min(STEP_OUTLIER * s));
             self.step = ema(self.step, secs, COST_RATE);
             let mut forgot = false;
             for (i, age) in self.age.iter_mut().enumerate() {
@@ -308,6 +326,11 @@ impl CostModel {
             return;
         }
         self.since_step = self.since_step.saturating_add(1);
+        // A batch of several rows never costs less than one row: one that did proves the step
+        // estimate too high (measured in a slower moment), and every width is priced in it.
+        if self.step.is_some_and(|s| secs < s) {
+            self.step = Some(secs);
+        }
         if self.cold(width) {
             return;
         }
@@ -417,7 +440,7 @@ fn units_of(m: &[(usize, f64)], w: usize) -> f64 {
 pub struct Controller {
     /// a_i: P(position i accepted | positions < i accepted).
     accept: Vec<f64>,
-    /// Observations of each position so far (saturating at [`WARMUP`]).
+    /// Observations of each position so far (saturating at [`EXPLORE_OBS`], past [`WARMUP`]).
     seen: Vec<u32>,
     /// A drafted token that was not verified, kept "in the shadow": `(position, token)`. When
     /// every verified position before it is accepted, the target's own next token says whether
@@ -453,6 +476,9 @@ pub struct Controller {
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
 /// longer drafts (0.35 makes the first round draft 1–2 tokens).
 pub const PRIOR: f64 = 0.35;
+/// Observations of a position below which a model drafter's plan prices it optimistically (see
+/// [`Controller::plan`]).
+pub const EXPLORE_OBS: u32 = 8;
 /// Weight of the prior in observations.
 pub const PRIOR_WEIGHT: f64 = 1.0;
 /// Observations after which a position's estimate becomes an EMA with rate [`ALPHA`].
@@ -475,6 +501,12 @@ pub const DRAFT_MARGIN: f64 = 1.03;
 /// Catch-ups over fewer missed rounds than this do not price a missed round (their time is
 /// mostly the call's fixed cost).
 pub const MIN_MISSED: u32 = 4;
+/// One-row steps of catch-up a sequence may spend on top of [`PROBE_BUDGET`]: the early probes,
+/// which feed the drafter a few dozen tokens, are what finds text that accepts nearly every
+/// draft after a first draft that missed. Held to the budget alone (a draft model's catch-up can
+/// cost more per missed round than that share of a step), a drafter skipped after its first
+/// draft would never draft again.
+pub const PROBE_ALLOWANCE: f64 = 4.0;
 /// Longest wait between probes (counted in skipped rounds).
 pub const PROBE_MAX: u32 = 128;
 /// Most time a skipped model drafter's catch-ups may cost, as a fraction of the plain steps
@@ -555,7 +587,7 @@ impl Controller {
         // Running mean with the prior during warm-up, EMA after.
         let rate = (1.0 / (PRIOR_WEIGHT + self.seen[i] as f64 + 1.0)).max(ALPHA);
         self.accept[i] += rate * (hit - self.accept[i]);
-        self.seen[i] = (self.seen[i] + 1).min(WARMUP);
+        self.seen[i] = (self.seen[i] + 1).min(WARMUP.max(EXPLORE_OBS));
     }
     /// Resolves the shadow token after a round in which `accepted` drafts were accepted and the
     /// target produced `produced` next: it counts only if it sits right after them. Without
@@ -580,6 +612,25 @@ impl Controller {
             return PRIOR;
         }
         self.accept[j] * INHERIT.powi((i - j) as i32)
+    }
+    /// [`Controller::estimate`] plus one standard error while the position it comes from has
+    /// fewer than [`EXPLORE_OBS`] observations: what a model drafter's plan prices. A model
+    /// drafter is probed only now and then (each probe first feeds it every token it missed), so
+    /// an estimate made of the request's first token or two — often a miss, and never a later
+    /// position — kept drafts from being tried again in workloads that accept nearly every
+    /// draft; the bonus asks for a few more observations before giving up. It is gone after
+    /// [`EXPLORE_OBS`] of them, so a drafter at half acceptance costs at most those few rounds.
+    fn optimistic(&self, i: usize) -> f64 {
+        let a = self.estimate(i);
+        let mut j = i;
+        while j > 0 && self.seen[j] == 0 {
+            j -= 1;
+        }
+        let n = self.seen[j];
+        if n >= EXPLORE_OBS {
+            return a;
+        }
+        (a + (a * (1.0 - a) / (f64::from(n) + 1.0)).sqrt()).min(1.0)
     }
     /// Expected tokens from a draft of length n.
     pub fn expected_tokens(&self, n: usize) -> f64 {
@@ -621,7 +672,7 @@ impl Controller {
             return 0;
         }
         let d = self.draft_secs.unwrap_or(0.0);
-        let n = self.best(available, n_min, cost, d, |i| self.estimate(i));
+        let n = self.best(available, n_min, cost, d, |i| self.optimistic(i));
         self.probing = false;
         // A draft shorter than n_min is never used: no probe asks for one (near the end of a
         // request fewer tokens may be left).
@@ -631,7 +682,11 @@ impl Controller {
             self.probing = true;
             return probe;
         }
-        if n > 0 {
+        // Drafting again after skipped rounds first feeds the drafter every token it missed —
+        // dozens of steps after a long skip, which the draft's price per token leaves out — so
+        // that resumption is held to the probes' budget (one slow step sample can tip a round's
+        // estimate over the line).
+        if n > 0 && (self.missed < MIN_MISSED || self.catch_up_affordable(cost)) {
             self.first = false;
             self.skipped = 0;
             self.probe_after = PROBE_FIRST;
@@ -648,20 +703,31 @@ impl Controller {
         // (only one sequence's batches are timed) — each skipped round then let the 1 % budget
         // pay for 10 ms of catch-ups.
         self.skipped_secs += cost.step_secs().unwrap_or(0.0);
-        // The probe's own catch-up counts against the budget too: it grows with the rounds
-        // missed (on the trained pair one fed 209 tokens, 5 % of that request's time).
-        let next = self
-            .catch_up_per_round
-            .map_or(0.0, |r| r * self.missed as f64);
-        if self.skipped < self.probe_after
-            || self.catch_up_secs + next > PROBE_BUDGET * self.skipped_secs
-        {
+        if self.skipped < self.probe_after || !self.catch_up_affordable(cost) {
             return 0;
         }
         self.skipped = 0;
         self.probe_after = (self.probe_after * 2).min(PROBE_MAX);
         self.probing = true;
         probe
+    }
+    /// Whether the catch-ups so far and the next one fit in [`PROBE_BUDGET`] of the plain time
+    /// skipped, plus [`PROBE_ALLOWANCE`] steps. The next catch-up counts too: it grows with the
+    /// rounds missed.
+    fn catch_up_affordable(&self, cost: &CostModel) -> bool {
+        let next = self
+            .catch_up_per_round
+            .map_or(0.0, |r| r * self.missed as f64);
+        let allowance = PROBE_ALLOWANCE * cost.step_secs().unwrap_or(0.0);
+        self.catch_up_secs + next <= PROBE_BUDGET * self.skipped_secs + allowance
+    }
+    /// Records that a model drafter processed the `tokens` of the prompt in `secs`: the first
+    /// price of a catch-up per missed round, before any probe has measured one (unpriced, a first
+    /// probe after hundreds of skipped rounds would feed them all whatever the budget).
+    pub fn observe_prefill(&mut self, secs: f64, tokens: usize) {
+        if secs.is_finite() && secs > 0.0 && tokens >= MIN_MISSED as usize {
+            self.catch_up_per_round = ema(self.catch_up_per_round, secs / tokens as f64, 0.5);
+        }
     }
     /// Argmax over n of expected tokens / time, with per-position acceptance `acc(i)` and
     /// `draft_secs` per drafted token.
@@ -1096,6 +1162,78 @@ mod tests {
     }
 
     #[test]
+    fn one_slow_step_does_not_make_drafting_look_cheap() {
+        // As on the trained pair: a 0.5 ms step, two rows priced by the prior, a draft model
+        // at 0.2 ms a token, half its drafts accepted — drafting does not pay.
+        let mut cost = CostModel::default().warmed();
+        for _ in 0..20 {
+            cost.observe(1, 0.0005);
+        }
+        let mut c = Controller::new(4).decided();
+        for _ in 0..20 {
+            c.observe(1, 0);
+            c.observe(1, 1);
+        }
+        assert!((c.expected_tokens(1) - 1.54).abs() < 0.01);
+        c.observe_draft_time(0.010, 1); // the catch-up over the prompt: not counted
+        c.observe_draft_time(0.0002, 1);
+        assert_eq!(c.plan(4, 0, &cost), 0);
+        // One preempted step (four times the others) counts as 1.5 steps: the estimate moves
+        // by a tenth, not by 60 % (which priced plain decoding below a one-token draft).
+        cost.observe(1, 0.002);
+        assert!((cost.step_secs().unwrap_or(0.0) - 0.00055).abs() < 1e-12);
+        assert_eq!(c.plan(4, 0, &cost), 0);
+        // A host that really got slower is followed within a few steps.
+        for _ in 0..12 {
+            cost.observe(1, 0.001);
+        }
+        assert!(cost.step_secs().unwrap_or(0.0) > 0.00095);
+    }
+
+    #[test]
+    fn early_misses_do_not_end_a_model_drafter_for_good() {
+        // A 0.5 ms step, two rows priced by the prior, a draft model at 0.2 ms a token.
+        let mut cost = CostModel::default().warmed();
+        for _ in 0..20 {
+            cost.observe(1, 0.0005);
+        }
+        let mut c = Controller::new(8).decided();
+        c.observe_draft_time(0.010, 1);
+        c.observe_draft_time(0.0002, 1);
+        // The request's first token missed, the next two hit: 0.59 by the running mean, which
+        // alone does not pay for a one-token draft (1.59 tokens in 0.8 ms against 2 in 1 ms).
+        c.observe(1, 0);
+        c.observe(1, 1);
+        c.observe(1, 1);
+        assert!((c.estimate(0) - 0.5875).abs() < 1e-9);
+        assert!(
+            c.plan(8, 0, &cost) > 0,
+            "three observations are not the evidence to stop"
+        );
+        // At half acceptance the optimism is spent after EXPLORE_OBS observations.
+        for _ in 0..20 {
+            c.observe(1, 0);
+            c.observe(1, 1);
+        }
+        assert_eq!(c.plan(8, 0, &cost), 0);
+    }
+
+    #[test]
+    fn a_batch_cheaper_than_the_step_lowers_it() {
+        let mut cost = CostModel::default().warmed();
+        for _ in 0..5 {
+            cost.observe(1, 0.001);
+        }
+        cost.observe(2, 0.0013);
+        assert_eq!(cost.step_secs(), Some(0.001));
+        // Two rows in 0.6 ms: one row costs no more than that.
+        cost.observe(2, 0.0006);
+        assert_eq!(cost.step_secs(), Some(0.0006));
+        assert!(cost.cost(1) <= 0.0006);
+        assert!(cost.cost(2) >= cost.cost(1));
+    }
+
+    #[test]
     fn a_drafter_slower_than_the_target_is_not_asked() {
         let cost = linear_cost(9, 0.010, 0.1);
         let mut c = Controller::new(8);
@@ -1213,6 +1351,52 @@ mod tests {
             spent <= budget + 0.00015 + 0.00002 * 16.0,
             "{spent} > {budget}"
         );
+    }
+
+    #[test]
+    fn catch_ups_stay_within_the_budget_even_when_drafting_would_pay() {
+        // The trained pair's shape: a 0.5 ms step; the draft model fed the 100-token prompt in
+        // 2 ms (0.02 ms a token, 4 % of a step), which prices a catch-up before any probe.
+        let mut cost = CostModel::default().warmed();
+        for _ in 0..20 {
+            cost.observe(1, 0.0005);
+        }
+        let mut c = Controller::new(8).decided();
+        c.observe_prefill(0.002, 100);
+        c.observe_draft_time(0.0002, 1);
+        c.observe_draft_time(0.0002, 1);
+        for _ in 0..10 {
+            c.observe(1, 0);
+        }
+        let (mut missed, mut spent, mut probes) = (0u32, 0.0, 0);
+        for round in 0..600 {
+            if round == 300 {
+                // The text turns predictable: drafting would pay, after a catch-up over every
+                // round missed since the last probe.
+                for _ in 0..30 {
+                    c.observe(1, 1);
+                }
+            }
+            let n = c.plan(8, 0, &cost);
+            if n == 0 {
+                missed += 1;
+                continue;
+            }
+            let secs = 0.0002 + 0.00002 * f64::from(missed);
+            if missed > 0 {
+                spent += secs;
+                probes += 1;
+            }
+            missed = 0;
+            c.observe_draft_time(secs, n);
+            c.observe(n, if round >= 300 { n } else { 0 });
+        }
+        assert!(
+            probes >= 2,
+            "{probes} probes: the allowance pays for the early ones"
+        );
+        let budget = PROBE_BUDGET * 600.0 * 0.0005 + PROBE_ALLOWANCE * 0.0005;
+        assert!(spent <= budget, "{spent} > {budget}");
     }
 
     #[test]

@@ -256,8 +256,13 @@ impl GenSeq {
             return 0.0;
         }
         let t0 = Instant::now();
-        let _ = self.chain.prefill(&self.tokens[..self.tokens.len() - 1]);
-        t0.elapsed().as_secs_f64()
+        let n = self.tokens.len() - 1;
+        let ok = self.chain.prefill(&self.tokens[..n]).is_ok();
+        let secs = t0.elapsed().as_secs_f64();
+        if ok && !self.chain.is_cheap() {
+            self.controller.observe_prefill(secs, n);
+        }
+        secs
     }
 }
 
