@@ -471,6 +471,10 @@ pub struct Controller {
     /// The last [`Controller::plan`] was a probe (or the first decision): its draft is verified
     /// whatever the estimates say — a probe that is not verified measures nothing.
     probing: bool,
+    /// The last [`Controller::plan`] asked a model drafter for tokens: [`Controller::choose`]
+    /// then prices them with the same (optimistic) estimates, or it would throw away drafts the
+    /// plan paid for.
+    planned: bool,
 }
 
 /// Prior acceptance of every draft position: pessimistic, so that speculation has to earn its
@@ -534,6 +538,7 @@ impl Controller {
             catch_up_per_round: None,
             first: true,
             probing: false,
+            planned: false,
         }
     }
     /// Records that a model drafter took `secs` for a round that produced `tokens` drafts. A
@@ -652,7 +657,11 @@ impl Controller {
         if !self.first && cost.wants_step() {
             return 0;
         }
-        let n = self.best(available, n_min, cost, 0.0, |i| self.estimate(i));
+        let n = if self.planned {
+            self.best(available, n_min, cost, 0.0, |i| self.optimistic(i))
+        } else {
+            self.best(available, n_min, cost, 0.0, |i| self.estimate(i))
+        };
         if (self.first || self.probing) && available >= n_min.max(1) {
             return n.max(n_min.max(1));
         }
@@ -665,6 +674,7 @@ impl Controller {
     /// every token were accepted, or the catch-ups so far have used up [`PROBE_BUDGET`]. The
     /// sequence's first plan asks for at least `max(n_min, 1)` tokens.
     pub fn plan(&mut self, available: usize, n_min: usize, cost: &CostModel) -> usize {
+        self.planned = false;
         if !self.first && cost.wants_step() {
             // A plain round to measure the step: the drafter skips it and catches up next time.
             self.probing = false;
@@ -677,10 +687,11 @@ impl Controller {
         // A draft shorter than n_min is never used: no probe asks for one (near the end of a
         // request fewer tokens may be left).
         let probe = n_min.max(1);
-        if self.first && n == 0 && available >= probe {
+        if self.first && available >= probe {
             self.first = false;
             self.probing = true;
-            return probe;
+            self.planned = true;
+            return n.max(probe);
         }
         // Drafting again after skipped rounds first feeds the drafter every token it missed —
         // dozens of steps after a long skip, which the draft's price per token leaves out — so
@@ -690,6 +701,7 @@ impl Controller {
             self.first = false;
             self.skipped = 0;
             self.probe_after = PROBE_FIRST;
+            self.planned = true;
             return n;
         }
         self.drafter_in_sync = false;
@@ -709,6 +721,7 @@ impl Controller {
         self.skipped = 0;
         self.probe_after = (self.probe_after * 2).min(PROBE_MAX);
         self.probing = true;
+        self.planned = true;
         probe
     }
     /// Whether the catch-ups so far and the next one fit in [`PROBE_BUDGET`] of the plain time
@@ -1206,10 +1219,10 @@ mod tests {
         c.observe(1, 1);
         c.observe(1, 1);
         assert!((c.estimate(0) - 0.5875).abs() < 1e-9);
-        assert!(
-            c.plan(8, 0, &cost) > 0,
-            "three observations are not the evidence to stop"
-        );
+        let n = c.plan(8, 0, &cost);
+        assert!(n > 0, "three observations are not the evidence to stop");
+        // The draft it asked for is verified: priced alike, not thrown away.
+        assert!(c.choose(n, 0, &cost) > 0);
         // At half acceptance the optimism is spent after EXPLORE_OBS observations.
         for _ in 0..20 {
             c.observe(1, 0);
