@@ -809,6 +809,16 @@ mod tests {
         }
     }
 
+    /// The trained pair's shape: a one-row step measured at 0.5 ms, wider batches unmeasured
+    /// (priced by the prior).
+    fn half_ms_step() -> CostModel {
+        let mut cost = CostModel::default().warmed();
+        for _ in 0..20 {
+            cost.observe(1, 0.0005);
+        }
+        cost
+    }
+
     /// Widths 1..=max_width measured at `step` seconds for one row, `step·slope` more per row.
     fn linear_cost(max_width: usize, step: f64, slope: f64) -> CostModel {
         let mut cost = CostModel::default().warmed();
@@ -1178,10 +1188,7 @@ mod tests {
     fn one_slow_step_does_not_make_drafting_look_cheap() {
         // As on the trained pair: a 0.5 ms step, two rows priced by the prior, a draft model
         // at 0.2 ms a token, half its drafts accepted — drafting does not pay.
-        let mut cost = CostModel::default().warmed();
-        for _ in 0..20 {
-            cost.observe(1, 0.0005);
-        }
+        let mut cost = half_ms_step();
         let mut c = Controller::new(4).decided();
         for _ in 0..20 {
             c.observe(1, 0);
@@ -1206,10 +1213,7 @@ mod tests {
     #[test]
     fn early_misses_do_not_end_a_model_drafter_for_good() {
         // A 0.5 ms step, two rows priced by the prior, a draft model at 0.2 ms a token.
-        let mut cost = CostModel::default().warmed();
-        for _ in 0..20 {
-            cost.observe(1, 0.0005);
-        }
+        let cost = half_ms_step();
         let mut c = Controller::new(8).decided();
         c.observe_draft_time(0.010, 1);
         c.observe_draft_time(0.0002, 1);
@@ -1370,10 +1374,7 @@ mod tests {
     fn catch_ups_stay_within_the_budget_even_when_drafting_would_pay() {
         // The trained pair's shape: a 0.5 ms step; the draft model fed the 100-token prompt in
         // 2 ms (0.02 ms a token, 4 % of a step), which prices a catch-up before any probe.
-        let mut cost = CostModel::default().warmed();
-        for _ in 0..20 {
-            cost.observe(1, 0.0005);
-        }
+        let cost = half_ms_step();
         let mut c = Controller::new(8).decided();
         c.observe_prefill(0.002, 100);
         c.observe_draft_time(0.0002, 1);
