@@ -7,7 +7,11 @@ rounds, llama.cpp first in even ones, so a slow phase of the host hits both) and
 median of each figure and the ratio specd / llama.cpp.
 
 Levels:
-  avx512  specd at its best level, llama.cpp built by ../shared/tools/build-llamacpp.sh (native)
+  amx     specd at its best level (AMX tiles for the prompt where the CPU has AMX-INT8), llama.cpp
+          built by ../shared/tools/build-llamacpp.sh (native: its AMX buffer where the CPU has AMX)
+  avx512  specd with SPECD_ISA=avx512 (AVX-512 VNNI), the same llama.cpp build
+  (--peer LEVEL=DIR takes llama.cpp from DIR at that level instead: e.g. the build of
+  scripts/build-llamacpp-no-amx.sh where the native build's AMX path does not run)
   avx2    specd with SPECD_NO_AVX512=1 (plain AVX2 + FMA + F16C kernels), llama.cpp built by
           scripts/build-llamacpp-avx2.sh (GGML_NATIVE=OFF, AVX2/FMA/F16C, no AVX-512, no VNNI)
   avxvnni specd with SPECD_ISA=avxvnni, against the same AVX2 llama.cpp build (it has no
@@ -17,18 +21,22 @@ Widths: specd's `bench --mode speed` times decode calls of 1/2/4/8 rows at a fix
 llama.cpp's come from `llama-bench -p 1,2,4,8 -n 0` (time of one batch of w tokens, read as
 w / pp_w), both divided by that engine's own one-row step.
 
-Usage: python3 scripts/bench_quant_vs_llamacpp.py FILE.gguf [FILE..] [--levels avx512,avx2]
+Usage: python3 scripts/bench_quant_vs_llamacpp.py FILE.gguf [FILE..] [--levels amx,avx512,avx2]
        [--threads 2] [--rounds 3] [--n-prompt 128] [--n-gen 64] [--json out.json]
+       [--peer LEVEL=DIR ...]
 """
 import argparse, json, os, statistics, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEER = os.path.expanduser("~/.cache/specd-peer")
-LLAMA = {"avx512": os.path.join(PEER, "llama.cpp", "bin"),
+LLAMA = {"amx": os.path.join(PEER, "llama.cpp", "bin"),
+         "avx512": os.path.join(PEER, "llama.cpp", "bin"),
          "avx2": os.path.join(PEER, "llama.cpp-avx2", "bin"),
          "avxvnni": os.path.join(PEER, "llama.cpp-avx2", "bin")}
-SPECD_ENV = {"avx512": {}, "avx2": {"SPECD_NO_AVX512": "1"}, "avxvnni": {"SPECD_ISA": "avxvnni"}}
+SPECD_ENV = {"amx": {}, "avx512": {"SPECD_ISA": "avx512"}, "avx2": {"SPECD_NO_AVX512": "1"},
+             "avxvnni": {"SPECD_ISA": "avxvnni"}}
+
 WIDTHS = [2, 4, 8]
 
 
@@ -67,7 +75,12 @@ def main():
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--specd", default=os.path.join(ROOT, "target", "release", "specd"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--peer", action="append", default=[], metavar="LEVEL=DIR",
+                    help="llama.cpp bin directory for one level (repeatable)")
     a = ap.parse_args()
+    for p in a.peer:
+        level, _, d = p.partition("=")
+        LLAMA[level] = os.path.expanduser(d)
     rows = []
     for path in a.files:
         for level in a.levels.split(","):

@@ -158,6 +158,8 @@ fn emit_json(json: Option<&Path>, report: &impl Serialize) -> Result<bool> {
 struct Report {
     model: String,
     threads: usize,
+    /// The kernels' instruction-set level (`SPECD_ISA` names: avx2, avx512, amx, …).
+    kernels: String,
     /// Verification of model drafters ("exact" or "probabilistic").
     verify: String,
     speed: Option<SpeedResult>,
@@ -482,6 +484,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             .as_ref()
             .map_or("demo".into(), |p| p.display().to_string()),
         threads: model.n_threads(),
+        kernels: specd_ops::isa().name().into(),
         verify: a.verify.clone(),
         ..Default::default()
     };
@@ -669,8 +672,8 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "model: {}  threads: {}  verify: {}",
-        rep.model, rep.threads, rep.verify
+        "model: {}  threads: {}  kernels: {}  verify: {}",
+        rep.model, rep.threads, rep.kernels, rep.verify
     );
     if let Some(s) = &rep.speed {
         println!("\n| test | tok/s |\n|---|---|");

@@ -183,8 +183,11 @@ fn layer_streaming() {
 }
 
 fn main() {
-    streaming();
-    layer_streaming();
+    // `cargo bench -p specd-ops --bench matmul -- hot`: the in-cache table only.
+    if !std::env::args().any(|a| a == "hot") {
+        streaming();
+        layer_streaming();
+    }
     let (rows, cols) = (3584, 1024);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -210,7 +213,7 @@ fn main() {
         for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
             let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
             let mut base = 0.0;
-            for n in [1usize, 2, 4, 8, 16, 32] {
+            for n in [1usize, 2, 4, 8, 12, 16, 32] {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
                     .collect();

@@ -28,6 +28,8 @@ macro_rules! for_tile_height {
 pub(crate) use for_tile_height;
 
 pub mod activation;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod attention;
 pub mod conv;
 pub mod delta_net;
@@ -71,6 +73,10 @@ pub enum Isa {
     /// AVX-512 (F, BW, VL, DQ) with VNNI: 64-byte integer dot products in one instruction.
     /// `SPECD_NO_AVX512` forces [`Isa::Avx2`] instead.
     Avx512Vnni,
+    /// AVX-512 VNNI plus AMX-INT8 tiles (the `amx` module) for the matmul tiles of many activation rows
+    /// (prompt processing); few-row tiles stay on the VNNI kernels. Results are bit-identical to
+    /// [`Isa::Avx512Vnni`]'s.
+    Amx,
 }
 
 impl Isa {
@@ -81,6 +87,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Vnni => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -103,6 +110,9 @@ impl Isa {
             }
             if f.avx512 {
                 v.push(Isa::Avx512Vnni);
+                if f.amx {
+                    v.push(Isa::Amx);
+                }
             }
         }
         v
@@ -110,7 +120,7 @@ impl Isa {
 }
 
 /// The level the kernels use in this process: the best the CPU has, capped by `SPECD_ISA`
-/// (`scalar`, `avx2`, `avxvnni`, `avx512`), `SPECD_NO_AVX512` (plain AVX2, as a CPU without
+/// (`scalar`, `avx2`, `avxvnni`, `avx512`, `amx`), `SPECD_NO_AVX512` (plain AVX2, as a CPU without
 /// AVX-512 or VNNI) or `SPECD_NO_SIMD` (scalar).
 #[inline]
 pub fn isa() -> Isa {
@@ -126,11 +136,17 @@ pub fn isa() -> Isa {
             std::env::var("SPECD_ISA")
                 .ok()
                 .and_then(|v| {
-                    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
-                        .into_iter()
-                        .find(|i| i.name().eq_ignore_ascii_case(v.trim()))
+                    [
+                        Isa::Scalar,
+                        Isa::Avx2,
+                        Isa::AvxVnni,
+                        Isa::Avx512Vnni,
+                        Isa::Amx,
+                    ]
+                    .into_iter()
+                    .find(|i| i.name().eq_ignore_ascii_case(v.trim()))
                 })
-                .unwrap_or(Isa::Avx512Vnni)
+                .unwrap_or(Isa::Amx)
         };
         levels
             .into_iter()
@@ -147,6 +163,8 @@ struct Features {
     avxvnni: bool,
     /// AVX-512 F/BW/VL/DQ + VNNI.
     avx512: bool,
+    /// AMX-TILE + AMX-INT8, with the OS's permission to use the tiles.
+    amx: bool,
 }
 
 fn features() -> Features {
@@ -162,6 +180,7 @@ fn features() -> Features {
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512dq")
                 && is_x86_feature_detected!("avx512vnni"),
+            amx: amx::available(),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -170,6 +189,7 @@ fn features() -> Features {
             avx2: false,
             avxvnni: false,
             avx512: false,
+            amx: false,
         }
     }
 }

@@ -193,7 +193,7 @@ fn interleaved_layouts_match_ggml_layouts_on_every_level() {
     // 16 and 48 rows: whole groups only; 23 and 37: a ggml-layout tail after the groups.
     for base in [WeightType::Q8_0, WeightType::Q4_0, WeightType::IQ4NL] {
         for (rows, cols) in [(16, 96), (23, 128), (37, 544), (48, 1056)] {
-            let n = 11; // a tile of 8 and one of 3
+            let n = 19; // SIMD tiles of 8, 8, 3; on the AMX level tiles of 16 and 3
             let mut r = lcg(cols as u64);
             let data: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
             let bytes = match base {

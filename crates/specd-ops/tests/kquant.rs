@@ -135,8 +135,9 @@ fn iq4_xs_decodes_its_table() {
     assert!(row[32..64].iter().all(|&v| v == -32.0 * -127.0));
 }
 
-/// Every level, every tile, tails included: bit-identical to the scalar reference, and close to
-/// the float dot product of the dequantised weights with the dequantised activations.
+/// Every level, every tile (AMX's included), tails included: bit-identical to the scalar
+/// reference, and close to the float dot product of the dequantised weights with the dequantised
+/// activations.
 #[test]
 fn kernels_match_reference_on_every_level() {
     for fmt in KFormat::ALL {
@@ -146,6 +147,10 @@ fn kernels_match_reference_on_every_level() {
             (16, 768, 1),
             (5, 256, 2),
             (32, 256, 6),
+            // The AMX level's wide tiles: 13 rows, 16, and 16 + 5 (AMX then VNNI).
+            (32, 256, 13),
+            (32, 512, 16),
+            (16, 768, 21),
         ] {
             let (w, p) = matrices(fmt, rows, cols, (rows * cols + n) as u64);
             let x = activations(n, cols, 5);

@@ -402,13 +402,7 @@ pub(crate) unsafe fn dot_group(
         let mut r = 0;
         while r < t {
             let n = (t - r).min(if wide { 8 } else { 4 });
-            let pr = ActPtrs {
-                q: p.q.add(r * p.qstride),
-                d: p.d.add(r * p.nbk),
-                bs16: p.bs16.add(r * p.nbk * 16),
-                bs32: p.bs32.add(r * p.nbk * 8),
-                ..p
-            };
+            let pr = p.rows_from(r);
             let o = out.add(r * ostride);
             match fmt {
                 KFormat::Q4K => tiles!(Q4K, pr, n, o),

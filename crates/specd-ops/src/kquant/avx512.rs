@@ -3,8 +3,11 @@
 //! IQ4_XS) is done once and shared by up to eight activation rows; per row it is `SUB/4`
 //! `vpdpbusd` against broadcast activation bytes, one `vpmulld` by the 16 rows' sub-block scales
 //! and one add — for 16 outputs. The float work is two or three instructions per super-block.
+//! On the AMX level, wide tiles of Q4_K / Q5_K / IQ4_XS take each sub-block's integer dot
+//! products from AMX tile multiplies ([`kernel_amx`], see [`crate::amx`]) and keep the rest.
 
 use super::{ActPtrs, KFormat, IQ4_UNSIGNED, QK_K};
+use crate::amx::{self, Scratch};
 use std::arch::x86_64::*;
 
 /// How one format's sub-block quants become `vpdpbusd`'s unsigned operand.
@@ -106,7 +109,6 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             fmt.header_bytes(),
             fmt.sub_quant_bytes(),
         );
-        let off = fmt.offset();
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         for b in 0..p.nbk {
@@ -151,61 +153,222 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
                     isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(ip, sc));
                 }
             }
-            if !fmt.has_dmin() {
-                // `u` carries +OFF: subtract OFF·Σ_s sc_s·Σx_s, with the scales of two sub-blocks
-                // widened to i16 pairs against each row's pair of activation sums (`vpdpwssd`),
-                // once per super-block instead of once per sub-block.
-                let sc0 = blk.add(fmt.sc_offset());
-                let mut scp = [_mm512_setzero_si512(); 8];
-                for (k, v) in scp.iter_mut().enumerate().take(nsub / 2) {
-                    let a = _mm_loadu_si128(sc0.add(32 * k) as *const __m128i);
-                    let c = _mm_loadu_si128(sc0.add(32 * k + 16) as *const __m128i);
-                    let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c));
-                    *v = _mm512_cvtepi8_epi16(pairs);
-                }
-                let shift = _mm_cvtsi32_si128(off.trailing_zeros() as i32);
-                for r in 0..R {
-                    let bs = if sub == 16 {
-                        p.bs16.add((r * p.nbk + b) * 16)
-                    } else {
-                        p.bs32.add((r * p.nbk + b) * 8)
-                    };
-                    let mut m = _mm512_setzero_si512();
-                    for (k, v) in scp.iter().enumerate().take(nsub / 2) {
-                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                        m = _mm512_dpwssd_epi32(m, *v, _mm512_set1_epi32(pair));
-                    }
-                    isum[r] = _mm512_sub_epi32(isum[r], _mm512_sll_epi32(m, shift));
-                }
+            finish::<F, R>(blk, p, b, &isum, &mut acc);
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out.add(r * ostride), acc[r]);
+        }
+    }
+}
+
+/// The end of super-block `b` (at `blk`) for every row: `isum` holds `Σ_s sc_s·Σ u·x` per row;
+/// takes off the offset (formats without a `dmin`), then adds the block's float terms to `acc`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn finish<F: Fmt, const R: usize>(
+    blk: *const u8,
+    p: ActPtrs,
+    b: usize,
+    isum: &[__m512i; R],
+    acc: &mut [__m512; R],
+) {
+    unsafe {
+        let fmt = F::F;
+        let (sub, nsub, off) = (fmt.sub(), fmt.nsub(), fmt.offset());
+        let mut isum = *isum;
+        if !fmt.has_dmin() {
+            // `u` carries +OFF: subtract OFF·Σ_s sc_s·Σx_s, with the scales of two sub-blocks
+            // widened to i16 pairs against each row's pair of activation sums (`vpdpwssd`),
+            // once per super-block instead of once per sub-block.
+            let sc0 = blk.add(fmt.sc_offset());
+            let mut scp = [_mm512_setzero_si512(); 8];
+            for (k, v) in scp.iter_mut().enumerate().take(nsub / 2) {
+                let a = _mm_loadu_si128(sc0.add(32 * k) as *const __m128i);
+                let c = _mm_loadu_si128(sc0.add(32 * k + 16) as *const __m128i);
+                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c));
+                *v = _mm512_cvtepi8_epi16(pairs);
             }
-            let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+            let shift = _mm_cvtsi32_si128(off.trailing_zeros() as i32);
             for r in 0..R {
-                let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
-                acc[r] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(da, dy), acc[r]);
+                let bs = if sub == 16 {
+                    p.bs16.add((r * p.nbk + b) * 16)
+                } else {
+                    p.bs32.add((r * p.nbk + b) * 8)
+                };
+                let mut m = _mm512_setzero_si512();
+                for (k, v) in scp.iter().enumerate().take(nsub / 2) {
+                    let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                    m = _mm512_dpwssd_epi32(m, *v, _mm512_set1_epi32(pair));
+                }
+                isum[r] = _mm512_sub_epi32(isum[r], _mm512_sll_epi32(m, shift));
             }
-            if fmt.has_dmin() {
-                let db = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                let m0 = blk.add(fmt.m_offset());
-                let mut mp = [_mm512_setzero_si512(); 4];
-                for (k, v) in mp.iter_mut().enumerate() {
-                    *v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(m0.add(32 * k) as *const __m256i));
+        }
+        let da = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        for r in 0..R {
+            let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(da, dy), acc[r]);
+        }
+        if fmt.has_dmin() {
+            let db = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+            let m0 = blk.add(fmt.m_offset());
+            let mut mp = [_mm512_setzero_si512(); 4];
+            for (k, v) in mp.iter_mut().enumerate() {
+                *v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(m0.add(32 * k) as *const __m256i));
+            }
+            for r in 0..R {
+                let bs = p.bs32.add((r * p.nbk + b) * 8);
+                let mut msum = _mm512_setzero_si512();
+                for (k, v) in mp.iter().enumerate() {
+                    let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                    msum = _mm512_dpwssd_epi32(msum, *v, _mm512_set1_epi32(pair));
                 }
+                let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
+                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(db, dy), acc[r]);
+            }
+        }
+    }
+}
+
+/// [`kernel`] with the integer dot products of all `R` (12..=16) rows done by AMX tile multiplies
+/// (see [`crate::amx`]), four sub-blocks per round: the same i32 sums, then the same scale and
+/// float steps. Software-pipelined: round `q + 1`'s weights are unpacked and its products issued
+/// before round `q`'s sums are read back, so the tile unit works while the vector units scale.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // raw tile addressing
+unsafe fn kernel_amx<F: Fmt, const R: usize>(
+    w: *const u8,
+    p: ActPtrs,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        let fmt = F::F;
+        let (sub, nsub) = (fmt.sub(), fmt.nsub());
+        amx::configure(R, sub);
+        let gbb = fmt.group_block_bytes();
+        // Rounds of four sub-blocks; each round's right-hand tiles and sums in its own half of
+        // the buffers, so that two rounds are in flight.
+        let rounds_per_block = nsub / 4;
+        let rounds = p.nbk * rounds_per_block;
+        let (mut bt, mut ct) = (Scratch::<4096>::new(), Scratch::<8192>::new());
+        let bt = bt.ptr();
+        let ct = ct.ptr() as *mut i32;
+        let issue = |q: usize| {
+            let (b, s0) = (q / rounds_per_block, 4 * (q % rounds_per_block));
+            issue_round::<F>(
+                w.add(b * gbb),
+                p,
+                b,
+                s0,
+                bt.add(2048 * (q % 2)),
+                ct.add(1024 * (q % 2)),
+            );
+        };
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut isum = [_mm512_setzero_si512(); R];
+        issue(0);
+        for q in 0..rounds {
+            if q + 1 < rounds {
+                issue(q + 1);
+            }
+            let (b, s0) = (q / rounds_per_block, 4 * (q % rounds_per_block));
+            let blk = w.add(b * gbb);
+            let c = ct.add(1024 * (q % 2));
+            for j in 0..4 {
+                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                    blk.add(fmt.sc_offset() + 16 * (s0 + j)) as *const __m128i,
+                ));
                 for r in 0..R {
-                    let bs = p.bs32.add((r * p.nbk + b) * 8);
-                    let mut msum = _mm512_setzero_si512();
-                    for (k, v) in mp.iter().enumerate() {
-                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                        msum = _mm512_dpwssd_epi32(msum, *v, _mm512_set1_epi32(pair));
-                    }
-                    let dy = _mm512_set1_ps(*p.d.add(r * p.nbk + b));
-                    acc[r] =
-                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(db, dy), acc[r]);
+                    let d = _mm512_load_si512(c.add(256 * j + 16 * r) as *const __m512i);
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, sc));
                 }
+            }
+            if (q + 1) % rounds_per_block == 0 {
+                finish::<F, R>(blk, p, b, &isum, &mut acc);
+                isum = [_mm512_setzero_si512(); R];
             }
         }
         for r in 0..R {
             _mm512_storeu_ps(out.add(r * ostride), acc[r]);
+        }
+    }
+}
+
+/// One round of [`kernel_amx`]: sub-blocks `s0..s0 + 4` of super-block `b` (at `blk`) unpacked to
+/// `bt` (2 KiB) and multiplied by the activation rows' tiles, sums to `ct` (4 KiB).
+#[inline(always)]
+unsafe fn issue_round<F: Fmt>(
+    blk: *const u8,
+    p: ActPtrs,
+    b: usize,
+    s0: usize,
+    bt: *mut u8,
+    ct: *mut i32,
+) {
+    unsafe {
+        let fmt = F::F;
+        let (sub, nsub, gbb) = (fmt.sub(), fmt.nsub(), fmt.group_block_bytes());
+        let (hb, qb) = (fmt.header_bytes(), fmt.sub_quant_bytes());
+        // Prefetch as the VNNI kernel's wide tiles do: a slice of the lines ahead per sub-block.
+        let pf = blk.wrapping_add(crate::prefetch::ahead(
+            crate::prefetch::WIDE_SUPER_BLOCKS,
+            crate::prefetch::WIDE_SUPER_BLOCKS,
+        ));
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            let s = s0 + j;
+            crate::prefetch::slice(pf, gbb, s, nsub);
+            F::load_sub(blk.add(hb + s * qb), &mut wv);
+            for (c, v) in wv.iter().enumerate().take(sub / 4) {
+                _mm512_store_si512(bt.add(512 * j + 64 * c) as *mut __m512i, *v);
+            }
+        }
+        let a = |j: usize| p.q.add(b * QK_K + (s0 + j) * sub);
+        let w = |j: usize| bt.add(512 * j) as *const u8;
+        amx::dot4_su(
+            [a(0), a(1), a(2), a(3)],
+            p.qstride,
+            [w(0), w(1), w(2), w(3)],
+            ct,
+        );
+    }
+}
+
+/// Does `fmt` have an AMX kernel ([`dot_group_amx`])? Not Q6_K: its sub-blocks of 16 give tile
+/// products of half the depth for the same per-row scaling work, and measured no faster than the
+/// VNNI kernel; nor Q2_K / Q3_K (the same sub-blocks).
+pub(crate) fn has_amx(fmt: KFormat) -> bool {
+    matches!(fmt, KFormat::Q4K | KFormat::Q5K | KFormat::IQ4XS)
+}
+
+/// [`dot_group`] for `t` in 12..=16 rows ([`crate::matmul::AMX_MIN_ROWS`] up) with AMX tiles;
+/// `fmt` as [`has_amx`] allows.
+///
+/// # Safety
+/// As [`dot_group`], and [`crate::amx::available`] is true.
+pub(crate) unsafe fn dot_group_amx(
+    fmt: KFormat,
+    w: *const u8,
+    p: ActPtrs,
+    t: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    macro_rules! tiles {
+        ($f:ty) => {
+            crate::for_tile_height!(
+                t,
+                [16, 15, 14, 13],
+                12,
+                kernel_amx::<$f>(w, p, out, ostride)
+            )
+        };
+    }
+    unsafe {
+        match fmt {
+            KFormat::Q4K => tiles!(Q4K),
+            KFormat::Q5K => tiles!(Q5K),
+            _ => tiles!(IQ4XS),
         }
     }
 }

@@ -57,7 +57,7 @@ mod q23_avx2;
 #[cfg(target_arch = "x86_64")]
 mod q23_avx512;
 
-use crate::matmul::{run_grouped, Grouped};
+use crate::matmul::{run_grouped, Grouped, AMX_MIN_ROWS, TILE};
 use crate::pack::GROUP;
 use crate::parallel::SyncPtr;
 use crate::weight::{Weight, WeightType};
@@ -593,7 +593,7 @@ pub fn quantize_row_k(x: &[f32], q: &mut [i8], d: &mut [f32], bs16: &mut [i16], 
         {
             let isa = crate::isa();
             // SAFETY: the level was detected; the slices have the lengths asserted above.
-            if isa == Isa::Avx512Vnni {
+            if isa >= Isa::Avx512Vnni {
                 d[b] = unsafe { avx512::quantize_block(xs, qb, b16) };
             } else if isa >= Isa::Avx2 {
                 d[b] = unsafe { avx2::quantize_block(xs, qb, b16) };
@@ -706,6 +706,7 @@ pub(crate) fn run(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &KActs, n: u
     run_grouped(
         &grouped,
         n,
+        crate::matmul::amx_tile(isa, n),
         |ti, wg, r, t, o, ostride| kernel_group(isa, fmt(ti), wg, a, r, t, o, ostride),
         |ti, wrow, i| {
             let f = fmt(ti);
@@ -745,8 +746,15 @@ fn kernel_group(
         // SAFETY: the level was detected; `wg` holds `nbk` group super-blocks of `fmt`; rows
         // `r..r+t` exist in `a`; `out` covers `(t-1)·ostride + 16` floats.
         unsafe {
-            if isa == Isa::Avx512Vnni {
-                avx512::dot_group(fmt, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
+            if isa == Isa::Amx && t >= AMX_MIN_ROWS && avx512::has_amx(fmt) {
+                avx512::dot_group_amx(fmt, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
+            } else if isa >= Isa::Avx512Vnni {
+                // Tiles of up to 16 rows reach here on the AMX level: in VNNI tiles of ≤ 8.
+                for r0 in (0..t).step_by(TILE) {
+                    let pr = p.rows_from(r0);
+                    let o = out.as_mut_ptr().add(r0 * ostride);
+                    avx512::dot_group(fmt, wg.as_ptr(), pr, (t - r0).min(TILE), o, ostride);
+                }
             } else {
                 let vnni = isa == Isa::AvxVnni;
                 avx2::dot_group(fmt, vnni, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
@@ -775,6 +783,24 @@ pub(crate) struct ActPtrs {
     pub bs16: *const i16,
     pub bs32: *const i16,
     pub nbk: usize,
+}
+
+impl ActPtrs {
+    /// The same rows from row `r` on.
+    ///
+    /// # Safety
+    /// Row `r` must exist.
+    pub(crate) unsafe fn rows_from(self, r: usize) -> Self {
+        unsafe {
+            ActPtrs {
+                q: self.q.add(r * self.qstride),
+                d: self.d.add(r * self.nbk),
+                bs16: self.bs16.add(r * self.nbk * 16),
+                bs32: self.bs32.add(r * self.nbk * 8),
+                ..self
+            }
+        }
+    }
 }
 
 /// Scalar reference for tests: one weight row (`w`, any layout) against activation row `i`.

@@ -409,6 +409,7 @@ pub(crate) fn run(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &LegacyActs,
     run_grouped(
         &grouped,
         n,
+        crate::matmul::TILE,
         |ti, wg, r, t, o, ostride| kernel_group(isa, fmt(ti), wg, a, r, t, o, ostride),
         |ti, wrow, i| {
             let f = fmt(ti);
@@ -460,7 +461,7 @@ fn kernel_group(
         // SAFETY: the level was detected; `wg` holds `nb` group blocks of `fmt`; rows `r..r+t`
         // exist in `a`; `out` covers `(t-1)·ostride + 16` floats.
         unsafe {
-            if isa == Isa::Avx512Vnni {
+            if isa >= Isa::Avx512Vnni {
                 avx512::dot_group(fmt, wg.as_ptr(), p, t, out.as_mut_ptr(), ostride);
             } else {
                 let vnni = isa == Isa::AvxVnni;

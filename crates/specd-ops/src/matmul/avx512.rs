@@ -11,8 +11,12 @@
 //! [`crate::quant::quantize_row_u8`]) and the accumulator starts at −128·Σw, which the same
 //! instruction computes from the weights alone. The per-row instruction sequence is identical for
 //! every tile size, so results are batch-invariant.
+//!
+//! On the AMX level the wide tiles of the interleaved layouts ([`dot_r16_amx`]) take their integer
+//! dot products from AMX tile multiplies instead (see [`crate::amx`]) and keep the float steps.
 
 use super::avx2::f16_at;
+use crate::amx::{self, Scratch};
 use std::arch::x86_64::*;
 
 /// How to load a pair of weight blocks (64 signed bytes) and a single block (32).
@@ -149,6 +153,9 @@ pub trait GroupBlock {
     /// Right shift turning `−128·Σx` into the offset this layout's unsigned weights carry
     /// (`−128·Σx` for Q8_0's `q + 128`, `−8·Σx` for Q4_0's `q + 8`; exact, it is a multiple of 128).
     const CORR_SHIFT: i32;
+    /// Are the block's 512 weight bytes, from byte 32 on, already what [`GroupBlock::load`]
+    /// returns (so an AMX tile loads them in place)?
+    const TILE_READY: bool = false;
     /// Chunk `c` of `wv` gets weights `4c..4c+4` of each row, as unsigned bytes.
     unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]);
 }
@@ -156,6 +163,7 @@ pub trait GroupBlock {
 impl GroupBlock for Q8_0 {
     const BYTES: usize = 16 * 34;
     const CORR_SHIFT: i32 = 0;
+    const TILE_READY: bool = true;
     #[inline(always)]
     unsafe fn load(blk: *const u8, wv: &mut [__m512i; 8]) {
         unsafe {
@@ -215,8 +223,124 @@ impl GroupBlock for IQ4NL {
 ///
 /// [`quantize_row_i8s`]: crate::quant::quantize_row_i8s
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
+#[allow(clippy::too_many_arguments)] // raw tile addressing
 pub unsafe fn dot_r16<G: GroupBlock, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe { dot_r16_body::<G, R>(w, nb, xq, qstride, xd, xc, bstride, out, ostride) }
+}
+
+/// [`dot_r16`] for `t` in 12..=16 rows ([`crate::matmul::AMX_MIN_ROWS`] up) with each block's
+/// integer dot products done by AMX tile multiplies (see [`crate::amx`]): the same i32 sums, then
+/// the same float steps per row.
+///
+/// # Safety
+/// As [`dot_r16`], and [`crate::amx::available`] is true.
+#[allow(clippy::too_many_arguments)] // raw tile addressing
+pub unsafe fn dot_r16_amx<G: GroupBlock>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    t: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        crate::for_tile_height!(
+            t,
+            [16, 15, 14, 13],
+            12,
+            r16_amx::<G>(w, nb, xq, qstride, xd, xc, bstride, out, ostride)
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
+unsafe fn r16_amx<G: GroupBlock, const R: usize>(
+    w: *const u8,
+    nb: usize,
+    xq: *const i8,
+    qstride: usize,
+    xd: *const f32,
+    xc: *const i32,
+    bstride: usize,
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        amx::configure(R, 32);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut wv = [_mm512_setzero_si512(); 8];
+        // Four blocks' weights as right-hand tiles (unless they lie in memory as tiles), and the
+        // four tiles of sums.
+        let (mut bt, mut ct) = (Scratch::<2048>::new(), Scratch::<4096>::new());
+        let bt = bt.ptr();
+        let ct = ct.ptr() as *mut i32;
+        for b0 in (0..nb).step_by(4) {
+            let k = (nb - b0).min(4);
+            let mut bp = [bt as *const u8; 4];
+            for j in 0..k {
+                let blk = w.add((b0 + j) * G::BYTES);
+                crate::prefetch::slice(
+                    blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
+                    G::BYTES,
+                    0,
+                    1,
+                );
+                bp[j] = if G::TILE_READY {
+                    blk.add(32)
+                } else {
+                    G::load(blk, &mut wv);
+                    for (c, v) in wv.iter().enumerate() {
+                        let at = bt.add(512 * j + 64 * c);
+                        _mm512_store_si512(at as *mut __m512i, *v);
+                    }
+                    bt.add(512 * j) as *const u8
+                };
+            }
+            let a = |j: usize| xq.add(32 * (b0 + j));
+            if k == 4 {
+                amx::dot4_su([a(0), a(1), a(2), a(3)], qstride, bp, ct);
+            } else {
+                for j in 0..k {
+                    amx::dot_su(a(j), qstride, bp[j], ct.add(256 * j));
+                }
+            }
+            // The AVX-512 kernel's float steps, per block in order.
+            for j in 0..k {
+                let b = b0 + j;
+                let ws = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(b * G::BYTES) as *const __m256i));
+                for r in 0..R {
+                    let corr = _mm512_set1_epi32(*xc.add(r * bstride + b) >> G::CORR_SHIFT);
+                    let d = _mm512_load_si512(ct.add(256 * j + 16 * r) as *const __m512i);
+                    let ip = _mm512_add_epi32(corr, d);
+                    let s = _mm512_mul_ps(ws, _mm512_set1_ps(*xd.add(r * bstride + b)));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), s, acc[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out.add(r * ostride), acc[r]);
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // raw tile addressing
+unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
     w: *const u8,
     nb: usize,
     xq: *const i8,

@@ -41,11 +41,27 @@ macro_rules! by_tile {
     };
 }
 
-/// Activation rows processed per weight load (at most).
-const TILE: usize = 8;
+/// Activation rows processed per weight load (at most) by the SIMD kernels.
+pub(crate) const TILE: usize = 8;
+/// The fewest activation rows a tile needs to go to the AMX kernels: at 8 rows the VNNI kernels
+/// were still faster (a tile's products and stores cost the same for 8 rows as for 16), at 12 the
+/// AMX ones (`cargo bench -p specd-ops --bench matmul -- hot`; BENCHMARKS.md).
+pub(crate) const AMX_MIN_ROWS: usize = 12;
+
 /// Activation rows kept hot in cache while a chunk of weight rows streams past (prefill).
 const ROW_BLOCK: usize = 16;
 const _: () = assert!(ROW_BLOCK.is_multiple_of(TILE), "tiles must stay aligned");
+const _: () = assert!(ROW_BLOCK <= 16, "an AMX tile holds at most 16 rows");
+
+/// The tile height for [`run_grouped`] on `isa` with `n` activation rows: whole row blocks on the
+/// AMX level once a block is wide enough to reach the AMX kernels, else [`TILE`].
+pub(crate) fn amx_tile(isa: Isa, n: usize) -> usize {
+    if isa == Isa::Amx && n >= AMX_MIN_ROWS {
+        ROW_BLOCK
+    } else {
+        TILE
+    }
+}
 
 /// Computes `out[r][o] = Σ_i x[r][i] · W[o][i]` for `n` rows: `x` is `n × w.cols`, `out` is
 /// `n × w.rows`, both row-major.
@@ -148,7 +164,7 @@ pub fn matmul_with(
     }
     let quantised = matches!(w.wtype, WeightType::Q8_0 | WeightType::Q4_0);
     #[cfg(target_arch = "x86_64")]
-    if quantised && isa == Isa::Avx512Vnni {
+    if quantised && isa >= Isa::Avx512Vnni {
         let cols = w.cols;
         let ns = u8_scales_len(cols);
         let mut xq = vec![0u8; n * cols];
@@ -309,11 +325,12 @@ pub(crate) struct Grouped<'a> {
 
 /// The driver of every interleaved layout: threads split each matrix's groups of 16 output
 /// columns (plus one item per matrix for its tail rows, if any) — all matrices' items in one
-/// parallel region; activation rows are walked in cache-sized blocks and tiles of up to `TILE`,
-/// as in [`run`]. `group(ti, group_bytes, r, t, out, ostride)` computes activation rows
-/// `r..r+t` against one group of matrix `ti`; `tail(ti, row_bytes, i)` one tail row against
-/// activation row `i`. Shapes are checked by the callers.
-pub(crate) fn run_grouped<G, T>(targets: &[Grouped], n: usize, group: G, tail: T)
+/// parallel region; activation rows are walked in cache-sized blocks and tiles of up to `tile`
+/// rows (`TILE`, or [`ROW_BLOCK`] where the kernels take [`amx_tile`]'s wide tiles).
+/// `group(ti, group_bytes, r, t, out, ostride)` computes activation rows `r..r+t` against one
+/// group of matrix `ti`; `tail(ti, row_bytes, i)` one tail row against activation row `i`. Shapes
+/// are checked by the callers.
+pub(crate) fn run_grouped<G, T>(targets: &[Grouped], n: usize, tile: usize, group: G, tail: T)
 where
     G: Fn(usize, &[u8], usize, usize, &mut [f32], usize) + Sync,
     T: Fn(usize, &[u8], usize) -> f32 + Sync,
@@ -355,7 +372,7 @@ where
                 let wg = &bytes[g * gbytes..(g + 1) * gbytes];
                 let mut r = r0;
                 while r < r1 {
-                    let tl = (r1 - r).min(TILE);
+                    let tl = (r1 - r).min(tile);
                     // SAFETY: columns `16g..16g+16` belong to this item only; rows `r..r+tl` < n.
                     let o =
                         unsafe { out_ptr.slice_mut(r * rows + g * GROUP, (tl - 1) * rows + GROUP) };
@@ -391,6 +408,7 @@ fn run_r16(isa: Isa, targets: &[(&Weight, SyncPtr<f32>)], a: &I8Acts, n: usize) 
     run_grouped(
         &grouped,
         n,
+        amx_tile(isa, n),
         |ti, wg, r, t, o, ostride| kernel_r16(isa, base(ti), wg, a, r, t, o, ostride),
         |ti, wrow, i| scalar::dot_tail_i8s(base(ti), wrow, a.row(i)),
     );
@@ -410,6 +428,38 @@ fn kernel_r16(
     ostride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && t >= AMX_MIN_ROWS {
+        // SAFETY: AMX (and AVX-512 VNNI) detected; `wg` is one whole group of `nb` group blocks;
+        // rows `r..r+t` (t ≤ 16) exist in `a`; `out` covers `(t-1)·ostride + 16` floats.
+        unsafe {
+            let (q, d, c) = (
+                a.q.as_ptr().add(r * a.cols),
+                a.d.as_ptr().add(r * a.nb),
+                a.c.as_ptr().add(r * a.nb),
+            );
+            let (w, o) = (wg.as_ptr(), out.as_mut_ptr());
+            macro_rules! go {
+                ($g:ident) => {
+                    avx512::dot_r16_amx::<avx512::$g>(w, a.nb, q, a.cols, d, c, a.nb, t, o, ostride)
+                };
+            }
+            match base {
+                WeightType::Q8_0 => go!(Q8_0),
+                WeightType::IQ4NL => go!(IQ4NL),
+                _ => go!(Q4_0),
+            }
+        }
+        return;
+    }
+    if t > TILE {
+        // A wide tile of the AMX level too narrow for AMX: in SIMD tiles.
+        for r0 in (0..t).step_by(TILE) {
+            let o = &mut out[r0 * ostride..];
+            kernel_r16(isa, base, wg, a, r + r0, (t - r0).min(TILE), o, ostride);
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         // SAFETY: the level was detected (AVX-512 VNNI, AVX-VNNI or AVX2 as `isa` says); `wg`
         // is one whole group of `nb` group blocks; rows `r..r+t` exist in `a`; `out` covers
@@ -424,7 +474,7 @@ fn kernel_r16(
             macro_rules! go {
                 ($g:tt, $r:literal) => {
                     match isa {
-                        Isa::Avx512Vnni => avx512::dot_r16::<avx512::$g, $r>(
+                        Isa::Avx512Vnni | Isa::Amx => avx512::dot_r16::<avx512::$g, $r>(
                             w, a.nb, q, a.cols, d, c, a.nb, o, ostride,
                         ),
                         Isa::AvxVnni => avx2::dot_r16_vnni::<avx2::$g, $r>(
