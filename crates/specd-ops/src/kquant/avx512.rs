@@ -231,8 +231,7 @@ unsafe fn finish<F: Fmt, const R: usize>(
 
 /// [`kernel`] with the integer dot products of all `R` (12..=16) rows done by AMX tile multiplies
 /// (see [`crate::amx`]), four sub-blocks per round: the same i32 sums, then the same scale and
-/// float steps. Software-pipelined: round `q + 1`'s weights are unpacked and its products issued
-/// before round `q`'s sums are read back, so the tile unit works while the vector units scale.
+/// float steps.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // raw tile addressing
 unsafe fn kernel_amx<F: Fmt, const R: usize>(
@@ -246,47 +245,25 @@ unsafe fn kernel_amx<F: Fmt, const R: usize>(
         let (sub, nsub) = (fmt.sub(), fmt.nsub());
         amx::configure(R, sub);
         let gbb = fmt.group_block_bytes();
-        // Rounds of four sub-blocks; each round's right-hand tiles and sums in its own half of
-        // the buffers, so that two rounds are in flight.
-        let rounds_per_block = nsub / 4;
-        let rounds = p.nbk * rounds_per_block;
-        let (mut bt, mut ct) = (Scratch::<4096>::new(), Scratch::<8192>::new());
-        let bt = bt.ptr();
-        let ct = ct.ptr() as *mut i32;
-        let issue = |q: usize| {
-            let (b, s0) = (q / rounds_per_block, 4 * (q % rounds_per_block));
-            issue_round::<F>(
-                w.add(b * gbb),
-                p,
-                b,
-                s0,
-                bt.add(2048 * (q % 2)),
-                ct.add(1024 * (q % 2)),
-            );
-        };
+        let (mut bt, mut ct) = (Scratch::<2048>::new(), Scratch::<4096>::new());
+        let (bt, ct) = (bt.ptr(), ct.ptr() as *mut i32);
         let mut acc = [_mm512_setzero_ps(); R];
-        let mut isum = [_mm512_setzero_si512(); R];
-        issue(0);
-        for q in 0..rounds {
-            if q + 1 < rounds {
-                issue(q + 1);
-            }
-            let (b, s0) = (q / rounds_per_block, 4 * (q % rounds_per_block));
+        for b in 0..p.nbk {
             let blk = w.add(b * gbb);
-            let c = ct.add(1024 * (q % 2));
-            for j in 0..4 {
-                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
-                    blk.add(fmt.sc_offset() + 16 * (s0 + j)) as *const __m128i,
-                ));
-                for r in 0..R {
-                    let d = _mm512_load_si512(c.add(256 * j + 16 * r) as *const __m512i);
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, sc));
+            let mut isum = [_mm512_setzero_si512(); R];
+            for s0 in (0..nsub).step_by(4) {
+                issue_round::<F>(blk, p, b, s0, bt, ct);
+                for j in 0..4 {
+                    let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                        blk.add(fmt.sc_offset() + 16 * (s0 + j)) as *const __m128i,
+                    ));
+                    for r in 0..R {
+                        let d = _mm512_load_si512(ct.add(256 * j + 16 * r) as *const __m512i);
+                        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d, sc));
+                    }
                 }
             }
-            if (q + 1) % rounds_per_block == 0 {
-                finish::<F, R>(blk, p, b, &isum, &mut acc);
-                isum = [_mm512_setzero_si512(); R];
-            }
+            finish::<F, R>(blk, p, b, &isum, &mut acc);
         }
         for r in 0..R {
             _mm512_storeu_ps(out.add(r * ostride), acc[r]);
