@@ -29,13 +29,6 @@ enum Command {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SPECD_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     // llama-server command lines (`-np 4 -ngl 99 …`) are rewritten for clap first.
     let args = match serve::preprocess(std::env::args_os().collect()) {
         Ok(a) => a,
@@ -45,6 +38,21 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(args);
+    // `serve --verbose` logs specd's debug messages too, as llama-server's `-v` does.
+    let verbose = matches!(&cli.cmd, Command::Serve(a) if a.verbose);
+    let default_filter = if verbose {
+        "warn,specd=debug,specd_server=debug"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SPECD_LOG")
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let r = match cli.cmd {
         Command::Serve(a) => serve::run(*a),
         Command::Generate(a) => generate::run(a),

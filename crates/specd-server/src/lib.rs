@@ -96,6 +96,9 @@ pub struct ServerConfig {
     pub cache_ram: usize,
     /// `--kv-unified`: each slot may use the whole context (memory is allocated on demand).
     pub kv_unified: bool,
+    /// `--cache-idle-slots` (llama-server's default; needs `cache_ram`): see
+    /// [`scheduler::IdleSlots`].
+    pub cache_idle_slots: bool,
     /// Draft model for `draft-simple`.
     pub draft_model: Option<Arc<Model>>,
     /// Log each request; responses carry `__verbose` unless a request says `"verbose": false`.
@@ -120,6 +123,19 @@ pub struct ServerConfig {
     pub sleep_idle: Option<std::time::Duration>,
     /// llama-server's logical batch (`-b`): what an /infill prompt keeps of its prefix and suffix.
     pub infill_batch: usize,
+}
+
+impl ServerConfig {
+    /// What `--cache-idle-slots` does with this configuration: nothing without a RAM cache;
+    /// with a unified memory idle slots are also freed, as in llama-server.
+    pub fn idle_slots(&self) -> scheduler::IdleSlots {
+        use scheduler::IdleSlots;
+        match (self.cache_idle_slots && self.cache_ram > 0, self.kv_unified) {
+            (false, _) => IdleSlots::Keep,
+            (true, false) => IdleSlots::Save,
+            (true, true) => IdleSlots::SaveAndClear,
+        }
+    }
 }
 
 /// Shared state of the HTTP handlers.
@@ -189,6 +205,7 @@ impl AppState {
             scheduler::PromptCache {
                 checkpoints: cfg.ctx_checkpoints,
                 ram_bytes: cfg.cache_ram,
+                idle_slots: cfg.idle_slots(),
             },
             cfg.sleep_idle,
         )

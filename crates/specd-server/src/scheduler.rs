@@ -45,6 +45,24 @@ pub struct PromptCache {
     pub checkpoints: usize,
     /// Bytes of the prompt cache in RAM (`--cache-ram`; 0: off).
     pub ram_bytes: usize,
+    /// What becomes of the other idle slots' memory when a request starts.
+    pub idle_slots: IdleSlots,
+}
+
+/// llama-server's `--cache-idle-slots`: when a request starts on a slot, the memory each other
+/// idle slot keeps is saved into the prompt cache in RAM and, where the slots share one memory
+/// (`--kv-unified`, where a slot may grow to the whole context), freed — so the memory held
+/// for conversations between their turns is bounded by `--cache-ram`, not by slots × context.
+/// A conversation whose slot was freed continues from the cache, token for token the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IdleSlots {
+    /// Left in place (`--no-cache-idle-slots`, or no RAM cache).
+    #[default]
+    Keep,
+    /// Saved, and kept in place (each slot has its own share of the context).
+    Save,
+    /// Saved and freed (a unified memory).
+    SaveAndClear,
 }
 
 /// A saved slot: the tokens it kept and its memory as bytes.
@@ -675,6 +693,7 @@ impl Worker {
             .and_then(Value::as_u64)
             .map(|n| n as usize);
         let want_probs = job.req.n_probs > 0;
+        let ram_before = self.engine().ram_cache_stats();
         let res = catch_unwind(AssertUnwindSafe(|| {
             self.engine().add(slot as SeqId, job.req)
         }));
@@ -703,6 +722,17 @@ impl Worker {
         self.tasks[slot] = Some(id_task);
         self.settings[slot] = job.settings;
         let n_cached = self.engine().n_cached(slot as SeqId).unwrap_or(0);
+        let ram = self.engine().ram_cache_stats();
+        if ram.saves > ram_before.saves || ram.hits > ram_before.hits {
+            // llama-server's debug log names this step so ("updating prompt cache").
+            tracing::debug!(
+                slot,
+                n_cached,
+                saved = ram.saves - ram_before.saves,
+                restored = ram.hits - ram_before.hits,
+                "updating prompt cache: the slot's memory and the prompt cache in RAM"
+            );
+        }
         self.active.insert(
             slot,
             Active {
@@ -719,6 +749,30 @@ impl Worker {
                 has_new_line: false,
             },
         );
+        self.cache_idle_slots(slot);
+    }
+
+    /// `--cache-idle-slots` (see [`IdleSlots`]) once a request has started on `started`.
+    fn cache_idle_slots(&mut self, started: usize) {
+        let clear = match self.cache.idle_slots {
+            IdleSlots::Keep => return,
+            IdleSlots::Save => false,
+            IdleSlots::SaveAndClear => true,
+        };
+        for slot in 0..self.last_used.len() {
+            if slot == started || self.active.contains_key(&slot) {
+                continue;
+            }
+            if self.engine().cache_idle(slot as SeqId, clear) {
+                // The tag is llama-server's (its debug log line for this step, which its
+                // server tests look for).
+                tracing::debug!(
+                    slot,
+                    cleared = clear,
+                    "idle slot saved to the prompt cache in RAM __TEST_TAG_CACHE_IDLE_SLOT__"
+                );
+            }
+        }
     }
 
     fn dispatch(&mut self, events: Vec<StepEvent>) {

@@ -1146,6 +1146,17 @@ impl Engine {
             .map_err(SpecError::Invalid)
     }
 
+    /// llama-server's `--cache-idle-slots` for one idle sequence: its kept memory is saved into
+    /// the RAM cache (once for the same tokens) and, with `clear`, freed, so that its
+    /// conversation continues from the cache in whichever sequence serves it next. No effect
+    /// on a running sequence. Returns whether it saved.
+    pub fn cache_idle(&mut self, seq: SeqId, clear: bool) -> bool {
+        if self.seqs.contains_key(&seq) {
+            return false;
+        }
+        self.reuse.cache_idle(&mut self.mem, seq, clear)
+    }
+
     /// Frees the memory a finished sequence kept (no effect on a running sequence).
     pub fn forget(&mut self, seq: SeqId) {
         if self.seqs.contains_key(&seq) {

@@ -63,6 +63,12 @@ pub struct ServeArgs {
     #[arg(long = "cache-ram", default_value_t = 8192, allow_hyphen_values = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     pub cache_ram: i64,
+    /// When a request starts, save the other idle slots to the prompt cache in RAM, and with
+    /// a unified memory free them (default, as llama-server; needs --cache-ram).
+    #[arg(long = "cache-idle-slots", overrides_with = "no_cache_idle_slots")]
+    pub cache_idle_slots: bool,
+    #[arg(long = "no-cache-idle-slots")]
+    pub no_cache_idle_slots: bool,
     /// Read / write timeout in seconds (llama-server's `-to`): a request's head and body must
     /// arrive within it (else 408), and a client must take each part of an answer within it
     /// (else the connection is closed and its slot freed).
@@ -171,7 +177,7 @@ pub struct ServeArgs {
     pub kv_unified: bool,
     #[arg(long = "no-kv-unified")]
     pub no_kv_unified: bool,
-    /// Log every request.
+    /// Log every request, and the server's debug messages (SPECD_LOG, if set, decides).
     #[arg(short = 'v', long = "verbose", alias = "log-verbose")]
     pub verbose: bool,
     /// Continue a final assistant message instead of answering it (default).

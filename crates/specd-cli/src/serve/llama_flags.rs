@@ -174,13 +174,9 @@ static OPTIONS: &[Opt] = &[
     opt(&["-kvu", "--kv-unified"], Switch, Take)
         .neg(&["-no-kvu", "--no-kv-unified"])
         .env("LLAMA_ARG_KV_UNIFIED"),
-    opt(
-        &["--cache-idle-slots"],
-        Switch,
-        Ignore("specd keeps each idle slot's memory for prompt reuse"),
-    )
-    .neg(&["--no-cache-idle-slots"])
-    .env("LLAMA_ARG_CACHE_IDLE_SLOTS"),
+    opt(&["--cache-idle-slots"], Switch, Take)
+        .neg(&["--no-cache-idle-slots"])
+        .env("LLAMA_ARG_CACHE_IDLE_SLOTS"),
     opt(&["--context-shift"], Switch, Take)
         .neg(&["--no-context-shift"])
         .env("LLAMA_ARG_CONTEXT_SHIFT"),

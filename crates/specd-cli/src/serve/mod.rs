@@ -17,6 +17,7 @@ use specd_models::{Model, ModelOptions};
 use specd_sampling::GrammarSpec;
 use specd_server::cors::Cors;
 use specd_server::params::Defaults;
+use specd_server::scheduler::IdleSlots;
 use specd_server::{AppState, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -345,6 +346,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             mib => usize::try_from(mib).unwrap_or(0).saturating_mul(1 << 20),
         },
         kv_unified,
+        cache_idle_slots: !a.no_cache_idle_slots,
         draft_model,
         verbose: a.verbose,
         prefill_assistant: !a.no_prefill_assistant,
@@ -360,6 +362,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         vertex,
         infill_batch: a.infill_batch.max(1),
     };
+    match cfg.idle_slots() {
+        IdleSlots::Keep if a.cache_idle_slots && cfg.cache_ram == 0 => {
+            eprintln!("warning: --cache-idle-slots requires --cache-ram, disabling");
+        }
+        IdleSlots::Keep => {}
+        // The tag is llama-server's debug line for this setting (its server tests read it).
+        mode => tracing::debug!(
+            ?mode,
+            "idle slots go to the prompt cache in RAM when a request starts \
+             __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__"
+        ),
+    }
 
     pb.set_message("starting the engine");
     let state = AppState::new(cfg.clone(), model.clone()).map_err(anyhow::Error::msg)?;

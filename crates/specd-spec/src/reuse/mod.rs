@@ -210,23 +210,42 @@ impl PromptReuse {
     }
 
     /// Saves `seq`'s memory (holding `kept`) into the RAM cache, if it is on and the memory
-    /// fits it. The sequence's memory itself is left as it is.
-    fn stash(&mut self, mem: &Memory, seq: SeqId, kept: Kept) {
+    /// fits it; returns whether it did. The sequence's memory itself is left as it is.
+    fn stash(&mut self, mem: &Memory, seq: SeqId, kept: Kept) -> bool {
         if !self.ram.enabled() || kept.tokens.is_empty() {
-            return;
+            return false;
         }
         let hybrid = mem.layout().is_hybrid();
         let mut points = Self::points(mem, seq);
         // A loaded memory has no rollback record: a hybrid one can only be cut at checkpoints.
         points.cut_floor = if hybrid { points.n_past } else { 0 };
-        if let Ok(bytes) = mem.save_sequence(seq) {
-            self.ram.insert(Saved {
+        match mem.save_sequence(seq) {
+            Ok(bytes) => self.ram.insert(Saved {
                 scope: kept.scope,
                 tokens: kept.tokens,
                 bytes,
                 points,
-            });
+            }),
+            Err(_) => false,
         }
+    }
+
+    /// An idle sequence's kept memory goes into the RAM cache — unless an entry already holds
+    /// the same tokens for the same scope, so memory that did not change is copied once — and,
+    /// with `clear`, leaves the sequence (llama-server's `--cache-idle-slots`; the server
+    /// calls it when a request starts on another sequence). Returns whether it saved.
+    pub fn cache_idle(&mut self, mem: &mut Memory, seq: SeqId, clear: bool) -> bool {
+        let saved = match self.kept.get(&seq) {
+            Some(k) if self.keep && !self.ram.holds(k.scope, &k.tokens) => {
+                let k = k.clone();
+                self.stash(mem, seq, k)
+            }
+            _ => false,
+        };
+        if clear {
+            self.forget(mem, seq);
+        }
+        saved
     }
 
     /// With reuse on a hybrid model: checkpoints `seq`'s recurrent state at the end of the

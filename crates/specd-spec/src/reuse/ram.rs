@@ -86,6 +86,13 @@ impl RamCache {
         best
     }
 
+    /// Whether an entry of `scope` holds exactly `tokens`.
+    pub fn holds(&self, scope: u64, tokens: &[u32]) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.scope == scope && e.tokens == tokens)
+    }
+
     /// Removes entry `i` (from [`RamCache::best`]) to load it.
     pub fn take(&mut self, i: usize) -> Saved {
         let e = self.entries.remove(i);
@@ -95,11 +102,11 @@ impl RamCache {
 
     /// Adds a memory as the most recently used entry, replacing one of the same scope and
     /// tokens, evicting the least recently used ones past the limit. A memory larger than the
-    /// whole limit is not kept.
-    pub fn insert(&mut self, e: Saved) {
+    /// whole limit is not kept; returns whether it was.
+    pub fn insert(&mut self, e: Saved) -> bool {
         let limit = self.stats.limit;
         if e.bytes.len() > limit {
-            return;
+            return false;
         }
         if let Some(i) = self
             .entries
@@ -112,6 +119,7 @@ impl RamCache {
         self.stats.bytes += e.bytes.len();
         self.stats.saves += 1;
         self.entries.push(e);
+        true
     }
 
     /// Drops least recently used entries until at most `bytes` are held.
