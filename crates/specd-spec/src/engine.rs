@@ -544,7 +544,26 @@ impl Engine {
         if self.seqs.is_empty() {
             return events;
         }
-        // 1. Prefill prompts of new sequences (all but the last prompt token).
+        self.prefill(on_progress, &mut events);
+        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        let plan: Vec<Planned> = ids
+            .into_iter()
+            .filter_map(|id| self.plan_draft(id, &mut events))
+            .collect();
+        if !plan.is_empty() {
+            self.verify(plan, on_progress, &mut events);
+        }
+        events
+    }
+
+    /// Phase 1 of a step: the prompts of sequences added since the last step, all but each
+    /// prompt's last token (the first round feeds that one), in one batch; if the batch fails,
+    /// one sequence at a time, so a bad prompt fails only its own sequence.
+    fn prefill(
+        &mut self,
+        on_progress: &mut dyn FnMut(PromptProgress),
+        events: &mut Vec<StepEvent>,
+    ) {
         let new: Vec<SeqId> = self
             .seqs
             .iter()
@@ -642,151 +661,156 @@ impl Engine {
                                 self.reuse.checkpoint_prompt(&mut self.mem, id);
                             }
                             Err(e) => {
-                                self.fail(id, e.to_string(), &mut events);
+                                self.fail(id, e.to_string(), events);
                             }
                         }
                     }
                 }
             }
         }
-        // 2. Drafts.
+    }
+
+    /// Phase 2, per sequence: this round's draft — tokens the grammar forces, else what the
+    /// drafters propose, cut to what the controller expects to pay for — and the checkpoint the
+    /// rollback needs, if any. `None`: the sequence ended or failed here (reported in `events`).
+    fn plan_draft(&mut self, id: SeqId, events: &mut Vec<StepEvent>) -> Option<Planned> {
         let n_ctx = self.mem.config().n_ctx;
         let hybrid = self.model.memory_layout().is_hybrid();
         let window = self.mem.config().rollback_window;
-        let mut plan: Vec<Planned> = Vec::new();
-        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
-        for id in ids {
-            let Some(s) = self.seqs.get_mut(&id) else {
-                continue;
-            };
-            if s.gen_start.is_none() {
-                s.gen_start = Some(Instant::now());
-            }
-            let remaining = s.req.n_predict - s.generated.len();
-            // A round yields up to n+1 tokens and feeds n+1 rows.
-            let room = n_ctx.saturating_sub(s.tokens.len()); // rows that still fit
-            if room == 0 {
-                self.finish(id, crate::FinishReason::Context, None, &mut events);
-                continue;
-            }
-            let cap = s
-                .req
-                .spec
-                .n_max
-                .min(remaining.saturating_sub(1))
-                .min(room - 1);
-            let mut draft = Vec::new();
-            let mut probs: Option<Vec<DraftDist>> = None;
-            // Tokens the grammar (or the thinking budget) forces are certain: draft them for
-            // free, ahead of any drafter. Only when speculation is on: "off" means one row per
-            // step, whatever the request.
-            let constrained = s.sampler.has_grammar() || s.req.reasoning_budget.is_some();
-            let forced = if cap > 0 && s.req.spec.enabled() && constrained {
-                s.sampler.grammar_forced_tokens()
+        let s = self.seqs.get_mut(&id)?;
+        if s.gen_start.is_none() {
+            s.gen_start = Some(Instant::now());
+        }
+        let remaining = s.req.n_predict - s.generated.len();
+        // A round yields up to n+1 tokens and feeds n+1 rows.
+        let room = n_ctx.saturating_sub(s.tokens.len()); // rows that still fit
+        if room == 0 {
+            self.finish(id, crate::FinishReason::Context, None, events);
+            return None;
+        }
+        let cap = s
+            .req
+            .spec
+            .n_max
+            .min(remaining.saturating_sub(1))
+            .min(room - 1);
+        let mut draft = Vec::new();
+        let mut probs: Option<Vec<DraftDist>> = None;
+        // Tokens the grammar (or the thinking budget) forces are certain: draft them for
+        // free, ahead of any drafter. Only when speculation is on: "off" means one row per
+        // step, whatever the request.
+        let constrained = s.sampler.has_grammar() || s.req.reasoning_budget.is_some();
+        let forced = if cap > 0 && s.req.spec.enabled() && constrained {
+            s.sampler.grammar_forced_tokens()
+        } else {
+            Vec::new()
+        };
+        s.forced_round = !forced.is_empty();
+        if s.forced_round {
+            draft = forced;
+            draft.truncate(cap);
+            s.stats.grammar_forced_tokens += draft.len() as u64;
+        } else if cap > 0 && !s.chain.is_empty() {
+            // A model drafter costs its time even when the draft is thrown away: ask it only
+            // for as many tokens as pay for themselves (possibly none).
+            let cheap = s.chain.is_cheap();
+            let ask = if s.req.spec.adaptive && !cheap {
+                s.controller.plan(cap, s.req.spec.n_min, &self.cost)
             } else {
-                Vec::new()
+                cap
             };
-            s.forced_round = !forced.is_empty();
-            if s.forced_round {
-                draft = forced;
-                draft.truncate(cap);
-                s.stats.grammar_forced_tokens += draft.len() as u64;
-            } else if cap > 0 && !s.chain.is_empty() {
-                // A model drafter costs its time even when the draft is thrown away: ask it only
-                // for as many tokens as pay for themselves (possibly none).
-                let cheap = s.chain.is_cheap();
-                let ask = if s.req.spec.adaptive && !cheap {
-                    s.controller.plan(cap, s.req.spec.n_min, &self.cost)
-                } else {
-                    cap
-                };
-                if ask == 0 {
-                    s.stats.controller_skips += 1;
-                    s.stats.record_choice(0);
-                    plan.push(Planned {
-                        id,
-                        draft,
-                        cp: None,
-                        probs: None,
-                    });
-                    continue;
-                }
-                let t_draft = Instant::now();
-                match s.chain.draft(&s.tokens, ask) {
-                    Ok(d) => draft = d,
-                    Err(e) => {
-                        self.fail(id, e.to_string(), &mut events);
-                        continue;
-                    }
-                }
-                if !cheap {
-                    s.controller
-                        .observe_draft_time(t_draft.elapsed().as_secs_f64(), draft.len());
-                    if draft.is_empty() {
-                        // A model drafter that proposes nothing (below p-min) spent its time for
-                        // no token: for the throughput estimate that is a miss at position 0.
-                        s.controller.observe(1, 0);
-                    }
-                }
-                probs = s.chain.take_draft_probs();
-                draft.truncate(cap);
-                // A draft token the grammar forbids can never be accepted: don't verify it.
-                let valid = s.sampler.grammar_valid_prefix(&draft);
-                draft.truncate(valid);
-                let n = if s.req.spec.adaptive {
-                    s.controller
-                        .choose(draft.len(), s.req.spec.n_min, &self.cost)
-                } else if draft.len() >= s.req.spec.n_min {
-                    draft.len()
-                } else {
-                    0
-                };
-                if n == 0 && !draft.is_empty() {
-                    s.stats.controller_skips += 1;
-                }
-                // The first token not verified stays in the shadow (free for a cheap drafter).
-                if s.chain.is_cheap() {
-                    s.controller.shadow = draft.get(n).map(|&t| (n, t));
-                }
-                draft.truncate(n);
-            }
-            // Distributions for exactly the tokens verified (every later cut is a prefix cut);
-            // none, or too few, means exact matching.
-            let probs = probs
-                .filter(|q| !draft.is_empty() && q.len() >= draft.len())
-                .map(|mut q| {
-                    q.truncate(draft.len());
-                    q
+            if ask == 0 {
+                s.stats.controller_skips += 1;
+                s.stats.record_choice(0);
+                return Some(Planned {
+                    id,
+                    draft,
+                    cp: None,
+                    probs: None,
                 });
-            s.stats.record_choice(draft.len());
-            let cp = if hybrid
-                && !draft.is_empty()
-                && (self.rollback == RollbackKind::Checkpoint || draft.len() + 1 > window)
-            {
-                let t_cp = Instant::now();
-                let c = self.mem.checkpoint(id);
-                self.cost.observe_checkpoint(t_cp.elapsed().as_secs_f64());
-                match c {
-                    Ok(c) => c,
-                    Err(e) => {
-                        self.fail(id, e.to_string(), &mut events);
-                        continue;
-                    }
+            }
+            let t_draft = Instant::now();
+            match s.chain.draft(&s.tokens, ask) {
+                Ok(d) => draft = d,
+                Err(e) => {
+                    self.fail(id, e.to_string(), events);
+                    return None;
                 }
+            }
+            if !cheap {
+                s.controller
+                    .observe_draft_time(t_draft.elapsed().as_secs_f64(), draft.len());
+                if draft.is_empty() {
+                    // A model drafter that proposes nothing (below p-min) spent its time for
+                    // no token: for the throughput estimate that is a miss at position 0.
+                    s.controller.observe(1, 0);
+                }
+            }
+            probs = s.chain.take_draft_probs();
+            draft.truncate(cap);
+            // A draft token the grammar forbids can never be accepted: don't verify it.
+            let valid = s.sampler.grammar_valid_prefix(&draft);
+            draft.truncate(valid);
+            let n = if s.req.spec.adaptive {
+                s.controller
+                    .choose(draft.len(), s.req.spec.n_min, &self.cost)
+            } else if draft.len() >= s.req.spec.n_min {
+                draft.len()
             } else {
-                None
+                0
             };
-            plan.push(Planned {
-                id,
-                draft,
-                cp,
-                probs,
+            if n == 0 && !draft.is_empty() {
+                s.stats.controller_skips += 1;
+            }
+            // The first token not verified stays in the shadow (free for a cheap drafter).
+            if s.chain.is_cheap() {
+                s.controller.shadow = draft.get(n).map(|&t| (n, t));
+            }
+            draft.truncate(n);
+        }
+        // Distributions for exactly the tokens verified (every later cut is a prefix cut);
+        // none, or too few, means exact matching.
+        let probs = probs
+            .filter(|q| !draft.is_empty() && q.len() >= draft.len())
+            .map(|mut q| {
+                q.truncate(draft.len());
+                q
             });
-        }
-        if plan.is_empty() {
-            return events;
-        }
-        // 3. One verification batch for all sequences.
+        s.stats.record_choice(draft.len());
+        let cp = if hybrid
+            && !draft.is_empty()
+            && (self.rollback == RollbackKind::Checkpoint || draft.len() + 1 > window)
+        {
+            let t_cp = Instant::now();
+            let c = self.mem.checkpoint(id);
+            self.cost.observe_checkpoint(t_cp.elapsed().as_secs_f64());
+            match c {
+                Ok(c) => c,
+                Err(e) => {
+                    self.fail(id, e.to_string(), events);
+                    return None;
+                }
+            }
+        } else {
+            None
+        };
+        Some(Planned {
+            id,
+            draft,
+            cp,
+            probs,
+        })
+    }
+
+    /// Phase 3: one verification batch for every planned sequence, then each sequence's
+    /// acceptance, rollback and stop conditions ([`Engine::accept`]); if the batch cannot be
+    /// decoded, one sequence at a time.
+    fn verify(
+        &mut self,
+        plan: Vec<Planned>,
+        on_progress: &mut dyn FnMut(PromptProgress),
+        events: &mut Vec<StepEvent>,
+    ) {
         let mut batch = Batch::new();
         for pl in &plan {
             let s = &self.seqs[&pl.id];
@@ -822,14 +846,14 @@ impl Engine {
                             self.report_prompt_done(std::slice::from_ref(&pl), on_progress);
                             outs.push((pl, o))
                         }
-                        Err(e) => self.fail(pl.id, e.to_string(), &mut events),
+                        Err(e) => self.fail(pl.id, e.to_string(), events),
                     }
                 }
                 for (pl, o) in outs {
                     let logits: Vec<&[f32]> = (0..o.len()).map(|i| o.logits(i)).collect();
-                    self.accept(&pl, &logits, &o.hidden, &mut events);
+                    self.accept(&pl, &logits, &o.hidden, events);
                 }
-                return events;
+                return;
             }
         };
         let mut row = 0;
@@ -838,9 +862,8 @@ impl Engine {
             let logits: Vec<&[f32]> = (row..row + n).map(|i| out.logits(i)).collect();
             let hidden = out.hidden.get(row * h..(row + n) * h).unwrap_or(&[]);
             row += n;
-            self.accept(&pl, &logits, hidden, &mut events);
+            self.accept(&pl, &logits, hidden, events);
         }
-        events
     }
 
     /// Reports the prompt of each planned sequence in its first round as fully processed: the
