@@ -155,15 +155,15 @@ fn a_small_ram_cache_evicts_the_least_recently_used() {
     assert!(metric(&m, "specd:prompt_cache_ram_bytes") <= MIB, "{m}");
 }
 
-/// llama-server's `--cache-idle-slots` (on by default), in its three forms: a request that
-/// starts on one slot saves the other idle slots' memory into the RAM cache — with a unified
-/// memory it also frees it, with per-slot memory it leaves it in place and saves unchanged
-/// memory only once — and a conversation whose slot was freed continues from the cache with
-/// the same tokens as one whose memory stayed in its slot.
+/// llama-server's `--cache-idle-slots` (on by default): with a unified memory a request that
+/// starts on one slot saves each other idle slot's memory into the RAM cache and frees it, and
+/// the conversation continues from the cache with the same tokens as one whose memory stayed in
+/// its slot. Off, or with per-slot memory, idle slots keep their memory in place.
 #[test]
 fn idle_slots_go_to_the_ram_cache_when_a_request_starts() {
     let long: Vec<u64> = (0..40).map(|i| 60 + i).collect();
     let other: Vec<u64> = (0..8).map(|i| 500 + i).collect();
+    const ENABLED: &str = "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__";
     const TAG: &str = "__TEST_TAG_CACHE_IDLE_SLOT__";
     let counts = |s: &Server| {
         let m = s.metrics();
@@ -185,40 +185,24 @@ fn idle_slots_go_to_the_ram_cache_when_a_request_starts() {
     };
     let common = ["-np", "2", "--cache-ram", "64", "--metrics", "--verbose"];
 
-    // Unified memory: B's start saves A's slot and frees it; A comes back from the cache
-    // (and its start saves B's slot in turn).
+    // Unified memory: B's start saves A's slot and frees it; A comes back from the cache (and
+    // its start saves and frees B's slot in turn).
     let s = Server::start(&[&common[..], &["--kv-unified"]].concat());
-    assert!(
-        s.log_shows("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__"),
-        "{}",
-        s.log()
-    );
+    assert!(s.log_shows(ENABLED), "{}", s.log());
     let (a, b, end, unified) = run(&s);
     assert_eq!((a, b, end), ((0, 0), (1, 0), (2, 1)), "saves, hits");
     assert!(s.log_shows(TAG) && s.log_shows("updating prompt cache"));
     drop(s);
 
-    // Off: nothing is saved while slots are free, A continues in its own slot.
-    let s = Server::start(&[&common[..], &["--kv-unified", "--no-cache-idle-slots"]].concat());
-    let (a, b, end, off) = run(&s);
-    assert_eq!((a, b, end), ((0, 0), (0, 0), (0, 0)));
-    assert!(!s.log().contains("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__"));
-    assert!(!s.log().contains(TAG));
-    assert_eq!(off, unified);
-    drop(s);
-
-    // Per-slot memory: saved but left in place (A continues in its own slot, no hit), and
-    // saved again only once it changed.
-    let s = Server::start(&common);
-    let (a, b, end, own) = run(&s);
-    assert_eq!((a, b, end), ((0, 0), (1, 0), (2, 0)));
-    assert_eq!(own, unified);
-    let (_, a_hist) = turn(&s, &[], &long, &json!({"id_slot": 0}));
-    turn(&s, &a_hist, &other, &json!({"id_slot": 0}));
-    turn(&s, &[], &other, &json!({"id_slot": 1}));
-    assert_eq!(counts(&s).0, 3, "A's slot changed: saved again");
-    turn(&s, &[], &other, &json!({"id_slot": 1}));
-    assert_eq!(counts(&s).0, 3, "unchanged: not copied again");
+    // Off, and per-slot memory: nothing is saved while slots are free, A continues in place.
+    for extra in [&["--kv-unified", "--no-cache-idle-slots"][..], &[]] {
+        let s = Server::start(&[&common[..], extra].concat());
+        let (a, b, end, kept) = run(&s);
+        assert_eq!((a, b, end), ((0, 0), (0, 0), (0, 0)), "{extra:?}");
+        assert_eq!(kept, unified);
+        let log = s.log();
+        assert!(!log.contains(ENABLED) && !log.contains(TAG), "{log}");
+    }
 }
 
 #[test]

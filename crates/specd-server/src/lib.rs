@@ -96,8 +96,8 @@ pub struct ServerConfig {
     pub cache_ram: usize,
     /// `--kv-unified`: each slot may use the whole context (memory is allocated on demand).
     pub kv_unified: bool,
-    /// `--cache-idle-slots` (llama-server's default; needs `cache_ram`): see
-    /// [`scheduler::IdleSlots`].
+    /// `--cache-idle-slots` (llama-server's default; needs `cache_ram` and `kv_unified`): see
+    /// [`scheduler::PromptCache::free_idle_slots`].
     pub cache_idle_slots: bool,
     /// Draft model for `draft-simple`.
     pub draft_model: Option<Arc<Model>>,
@@ -126,15 +126,10 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// What `--cache-idle-slots` does with this configuration: nothing without a RAM cache;
-    /// with a unified memory idle slots are also freed, as in llama-server.
-    pub fn idle_slots(&self) -> scheduler::IdleSlots {
-        use scheduler::IdleSlots;
-        match (self.cache_idle_slots && self.cache_ram > 0, self.kv_unified) {
-            (false, _) => IdleSlots::Keep,
-            (true, false) => IdleSlots::Save,
-            (true, true) => IdleSlots::SaveAndClear,
-        }
+    /// Whether `--cache-idle-slots` frees idle slots (into the RAM cache): with a RAM cache and
+    /// a unified memory (see [`scheduler::PromptCache::free_idle_slots`]).
+    pub fn free_idle_slots(&self) -> bool {
+        self.cache_idle_slots && self.cache_ram > 0 && self.kv_unified
     }
 }
 
@@ -205,7 +200,7 @@ impl AppState {
             scheduler::PromptCache {
                 checkpoints: cfg.ctx_checkpoints,
                 ram_bytes: cfg.cache_ram,
-                idle_slots: cfg.idle_slots(),
+                free_idle_slots: cfg.free_idle_slots(),
             },
             cfg.sleep_idle,
         )

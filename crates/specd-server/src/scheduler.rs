@@ -45,24 +45,14 @@ pub struct PromptCache {
     pub checkpoints: usize,
     /// Bytes of the prompt cache in RAM (`--cache-ram`; 0: off).
     pub ram_bytes: usize,
-    /// What becomes of the other idle slots' memory when a request starts.
-    pub idle_slots: IdleSlots,
-}
-
-/// llama-server's `--cache-idle-slots`: when a request starts on a slot, the memory each other
-/// idle slot keeps is saved into the prompt cache in RAM and, where the slots share one memory
-/// (`--kv-unified`, where a slot may grow to the whole context), freed — so the memory held
-/// for conversations between their turns is bounded by `--cache-ram`, not by slots × context.
-/// A conversation whose slot was freed continues from the cache, token for token the same.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum IdleSlots {
-    /// Left in place (`--no-cache-idle-slots`, or no RAM cache).
-    #[default]
-    Keep,
-    /// Saved, and kept in place (each slot has its own share of the context).
-    Save,
-    /// Saved and freed (a unified memory).
-    SaveAndClear,
+    /// llama-server's `--cache-idle-slots` with a unified memory (`--kv-unified`, where a slot
+    /// may grow to the whole context): when a request starts on a slot, every other idle slot's
+    /// memory is saved into the prompt cache in RAM and freed, so the memory conversations hold
+    /// between their turns is bounded by `--cache-ram`, not by slots × context. A conversation
+    /// whose slot was freed continues from the cache, token for token the same. With per-slot
+    /// memory llama-server only copies idle slots into its cache; specd does not, since it
+    /// saves a slot's memory anyway at the moment another conversation takes the slot.
+    pub free_idle_slots: bool,
 }
 
 /// A saved slot: the tokens it kept and its memory as bytes.
@@ -749,27 +739,25 @@ impl Worker {
                 has_new_line: false,
             },
         );
-        self.cache_idle_slots(slot);
+        self.free_idle_slots(slot);
     }
 
-    /// `--cache-idle-slots` (see [`IdleSlots`]) once a request has started on `started`.
-    fn cache_idle_slots(&mut self, started: usize) {
-        let clear = match self.cache.idle_slots {
-            IdleSlots::Keep => return,
-            IdleSlots::Save => false,
-            IdleSlots::SaveAndClear => true,
-        };
+    /// `--cache-idle-slots` (see [`PromptCache::free_idle_slots`]) once a request has started
+    /// on `started`.
+    fn free_idle_slots(&mut self, started: usize) {
+        if !self.cache.free_idle_slots {
+            return;
+        }
         for slot in 0..self.last_used.len() {
             if slot == started || self.active.contains_key(&slot) {
                 continue;
             }
-            if self.engine().cache_idle(slot as SeqId, clear) {
+            if self.engine().cache_idle(slot as SeqId) {
                 // The tag is llama-server's (its debug log line for this step, which its
                 // server tests look for).
                 tracing::debug!(
                     slot,
-                    cleared = clear,
-                    "idle slot saved to the prompt cache in RAM __TEST_TAG_CACHE_IDLE_SLOT__"
+                    "idle slot saved to the prompt cache in RAM and freed __TEST_TAG_CACHE_IDLE_SLOT__"
                 );
             }
         }

@@ -1170,14 +1170,14 @@ impl Engine {
     }
 
     /// llama-server's `--cache-idle-slots` for one idle sequence: its kept memory is saved into
-    /// the RAM cache (once for the same tokens) and, with `clear`, freed, so that its
+    /// the RAM cache (unless an entry holds the same tokens already) and freed, so that its
     /// conversation continues from the cache in whichever sequence serves it next. No effect
     /// on a running sequence. Returns whether it saved.
-    pub fn cache_idle(&mut self, seq: SeqId, clear: bool) -> bool {
+    pub fn cache_idle(&mut self, seq: SeqId) -> bool {
         if self.seqs.contains_key(&seq) {
             return false;
         }
-        self.reuse.cache_idle(&mut self.mem, seq, clear)
+        self.reuse.cache_idle(&mut self.mem, seq)
     }
 
     /// Frees the memory a finished sequence kept (no effect on a running sequence).

@@ -17,7 +17,6 @@ use specd_models::{Model, ModelOptions};
 use specd_sampling::GrammarSpec;
 use specd_server::cors::Cors;
 use specd_server::params::Defaults;
-use specd_server::scheduler::IdleSlots;
 use specd_server::{AppState, ServerConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -362,17 +361,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         vertex,
         infill_batch: a.infill_batch.max(1),
     };
-    match cfg.idle_slots() {
-        IdleSlots::Keep if a.cache_idle_slots && cfg.cache_ram == 0 => {
-            eprintln!("warning: --cache-idle-slots requires --cache-ram, disabling");
-        }
-        IdleSlots::Keep => {}
+    if cfg.free_idle_slots() {
         // The tag is llama-server's debug line for this setting (its server tests read it).
-        mode => tracing::debug!(
-            ?mode,
+        tracing::debug!(
             "idle slots go to the prompt cache in RAM when a request starts \
              __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__"
-        ),
+        );
+    } else if a.cache_idle_slots && cfg.cache_ram == 0 {
+        eprintln!("warning: --cache-idle-slots requires --cache-ram, disabling");
     }
 
     pb.set_message("starting the engine");

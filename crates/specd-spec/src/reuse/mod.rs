@@ -230,11 +230,11 @@ impl PromptReuse {
         }
     }
 
-    /// An idle sequence's kept memory goes into the RAM cache — unless an entry already holds
-    /// the same tokens for the same scope, so memory that did not change is copied once — and,
-    /// with `clear`, leaves the sequence (llama-server's `--cache-idle-slots`; the server
-    /// calls it when a request starts on another sequence). Returns whether it saved.
-    pub fn cache_idle(&mut self, mem: &mut Memory, seq: SeqId, clear: bool) -> bool {
+    /// An idle sequence's kept memory goes into the RAM cache — unless an entry of its scope
+    /// already holds exactly its tokens, so memory that did not change is copied once — and
+    /// leaves the sequence (llama-server's `--cache-idle-slots`; the server calls it when a
+    /// request starts on another sequence). Returns whether it saved.
+    pub fn cache_idle(&mut self, mem: &mut Memory, seq: SeqId) -> bool {
         let saved = match self.kept.get(&seq) {
             Some(k) if self.keep && !self.ram.holds(k.scope, &k.tokens) => {
                 let k = k.clone();
@@ -242,9 +242,7 @@ impl PromptReuse {
             }
             _ => false,
         };
-        if clear {
-            self.forget(mem, seq);
-        }
+        self.forget(mem, seq);
         saved
     }
 
