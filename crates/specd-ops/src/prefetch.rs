@@ -8,7 +8,8 @@
 //! issuing all of them in one burst at the top of each super-block left the 8-row tile waiting on
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
 //! sub-block instead ([`slice`]), the same requests keep the stream flowing, for one row and for
-//! eight (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
+//! eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]), on
+//! AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
 /// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
@@ -30,16 +31,52 @@ pub(crate) const WIDE_BLOCKS: usize = 4;
 /// at 8 KiB, 4 rows not.
 pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
 
-/// Prefetches (into L1) slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`;
-/// the slices `0..parts` together cover every line once. Any address may be given: the pointer
-/// is only offset (`wrapping_add`) and prefetched, never read.
+/// Whether the kernels prefetch into L2 (`prefetcht1`) rather than L1 (`prefetcht0`), decided
+/// once per process: on Intel CPUs yes, on the others no; `SPECD_PREFETCH=l1|l2` overrides (A/B
+/// measurements). On an Intel Xeon the L1 prefetches held up the tiles' own loads: into L2, one
+/// row of Q4_K_M decoded 12 % faster and a 4-row Q8_0 tile 11 % (BENCHMARKS.md). On AMD Zen 5
+/// the two measured alike when last compared, and L1 stays.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn intel_l2() -> bool {
+    use std::sync::OnceLock;
+    static TO_L2: OnceLock<bool> = OnceLock::new();
+    *TO_L2.get_or_init(|| match std::env::var("SPECD_PREFETCH").as_deref() {
+        Ok("l1") => false,
+        Ok("l2") => true,
+        _ => {
+            let id = std::arch::x86_64::__cpuid(0);
+            // "GenuineIntel" in EBX, EDX, ECX.
+            (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+        }
+    })
+}
+
+/// Whether a tile of `rows` activation rows of a kernel family whose wide tiles start at
+/// `wide_from` ([`WIDE_BLOCKS`], [`WIDE_SUPER_BLOCKS`]) prefetches into L2: where
+/// [`intel_l2`] says so, except the super-block kernels' wide tiles, whose 8 rows measured
+/// 3–7 % slower from L2 than from L1 on the same Xeon.
+pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
+    intel_l2() && !(wide_from == WIDE_SUPER_BLOCKS && rows >= wide_from)
+}
+
+/// Prefetches slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`, into L2
+/// if `l2` (see [`into_l2`]) else L1; the slices `0..parts` together cover every line once. Any
+/// address may be given: the pointer is only offset (`wrapping_add`) and prefetched, never read.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn slice(at: *const u8, bytes: usize, part: usize, parts: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+pub(crate) fn slice(at: *const u8, bytes: usize, part: usize, parts: usize, l2: bool) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
     let lines = bytes.div_ceil(64);
-    for l in part * lines / parts..(part + 1) * lines / parts {
-        // SAFETY: prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
+    let range = part * lines / parts..(part + 1) * lines / parts;
+    if l2 {
+        for l in range {
+            // SAFETY: prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * l) as *const i8) };
+        }
+    } else {
+        for l in range {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
+        }
     }
 }

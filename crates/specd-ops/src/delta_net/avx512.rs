@@ -85,12 +85,13 @@ unsafe fn run_rows<const NB: usize>(
         // window no longer reaches the next rows' loads by itself (see `prefetch`).
         let pair_bytes = 2 * d_k * 4;
         let ahead = |vi: usize| src.as_ptr().wrapping_add(vi * d_k) as *const u8;
-        crate::prefetch::slice(ahead(2), pair_bytes, 0, 1);
+        let l2 = crate::prefetch::intel_l2();
+        crate::prefetch::slice(ahead(2), pair_bytes, 0, 1, l2);
         let mut vi = 0;
         // Two rows at a time: each row's tokens form one dependency chain (the dot product
         // feeds the update), so a second independent chain keeps the pipes busy.
         while vi + 2 <= d_v {
-            crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1);
+            crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1, l2);
             rows::<NB, 2>(src, dst, vi, tok, o);
             vi += 2;
         }

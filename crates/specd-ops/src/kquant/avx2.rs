@@ -251,6 +251,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let off = fmt.offset();
         let mut acc = [_mm256_setzero_ps(); R];
         let mut wv = [_mm256_setzero_si256(); 8];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -262,7 +263,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                 if h == 0 {
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): a slice of the lines ahead per sub-block (see `prefetch`).
-                    crate::prefetch::slice(pf, gbb, s, nsub);
+                    crate::prefetch::slice(pf, gbb, s, nsub, l2);
                 }
                 F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(

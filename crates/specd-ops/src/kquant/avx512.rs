@@ -111,6 +111,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         );
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -120,7 +121,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             let mut isum = [_mm512_setzero_si512(); R];
             for s in 0..nsub {
                 // A slice of the lines ahead per sub-block, not all at once (see `prefetch`).
-                crate::prefetch::slice(pf, gbb, s, nsub);
+                crate::prefetch::slice(pf, gbb, s, nsub, l2);
                 F::load_sub(blk.add(hb + s * qb), &mut wv);
                 let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
                     blk.add(fmt.sc_offset() + 16 * s) as *const __m128i
@@ -292,9 +293,13 @@ unsafe fn issue_round<F: Fmt>(
             crate::prefetch::WIDE_SUPER_BLOCKS,
         ));
         let mut wv = [_mm512_setzero_si512(); 8];
+        let l2 = crate::prefetch::into_l2(
+            crate::prefetch::WIDE_SUPER_BLOCKS,
+            crate::prefetch::WIDE_SUPER_BLOCKS,
+        );
         for j in 0..4 {
             let s = s0 + j;
-            crate::prefetch::slice(pf, gbb, s, nsub);
+            crate::prefetch::slice(pf, gbb, s, nsub, l2);
             F::load_sub(blk.add(hb + s * qb), &mut wv);
             for (c, v) in wv.iter().enumerate().take(sub / 4) {
                 _mm512_store_si512(bt.add(512 * j + 64 * c) as *mut __m512i, *v);

@@ -220,6 +220,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let gbb = fmt.group_block_bytes();
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm256_setzero_ps(); R];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -232,7 +233,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): a slice of the lines ahead per pair of sub-blocks (see
                     // `prefetch`).
-                    crate::prefetch::slice(pf, gbb, k, 8);
+                    crate::prefetch::slice(pf, gbb, k, 8, l2);
                 }
                 sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
                 sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);

@@ -140,6 +140,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let gbb = fmt.group_block_bytes();
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm512_setzero_ps(); R];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -149,7 +150,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             let mut isum = [_mm512_setzero_si512(); R];
             for k in 0..8 {
                 // A slice of the lines ahead per pair of sub-blocks (see `prefetch`).
-                crate::prefetch::slice(pf, gbb, k, 8);
+                crate::prefetch::slice(pf, gbb, k, 8, l2);
                 sub_block::<F, R, 0>(blk, k, b, p, &mut isum);
                 sub_block::<F, R, 1>(blk, k, b, p, &mut isum);
             }

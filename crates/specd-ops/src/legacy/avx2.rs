@@ -56,6 +56,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
         let f = F::F;
         let gbb = f.group_block_bytes();
         let mut wv = [_mm256_setzero_si256(); 8];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for h in 0..2 {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..p.nb {
@@ -65,7 +66,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
                     // in cache): prefetch ahead.
                     let pf =
                         blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
-                    crate::prefetch::slice(pf, gbb, 0, 1);
+                    crate::prefetch::slice(pf, gbb, 0, 1, l2);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let ms = if f.has_min() {

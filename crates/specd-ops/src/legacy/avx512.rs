@@ -67,6 +67,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let gbb = f.group_block_bytes();
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
             // A block of 32 columns spans 5–7 lines: one slice (see `prefetch`).
@@ -75,6 +76,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
                 gbb,
                 0,
                 1,
+                l2,
             );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let ms = if f.has_min() {

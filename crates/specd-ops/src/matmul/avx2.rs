@@ -345,6 +345,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
     ostride: usize,
 ) {
     unsafe {
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for h in 0..2 {
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..nb {
@@ -354,7 +355,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                     // in cache): prefetch ahead as the AVX-512 kernel does.
                     let pf =
                         blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
-                    crate::prefetch::slice(pf, G::BYTES, 0, 1);
+                    crate::prefetch::slice(pf, G::BYTES, 0, 1, l2);
                 }
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let mut ip = [_mm256_setzero_si256(); R];

@@ -289,6 +289,7 @@ unsafe fn r16_amx<G: GroupBlock, const R: usize>(
         let (mut bt, mut ct) = (Scratch::<2048>::new(), Scratch::<4096>::new());
         let bt = bt.ptr();
         let ct = ct.ptr() as *mut i32;
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for b0 in (0..nb).step_by(4) {
             let k = (nb - b0).min(4);
             let mut bp = [bt as *const u8; 4];
@@ -299,6 +300,7 @@ unsafe fn r16_amx<G: GroupBlock, const R: usize>(
                     G::BYTES,
                     0,
                     1,
+                    l2,
                 );
                 bp[j] = if G::TILE_READY {
                     blk.add(32)
@@ -354,6 +356,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
     unsafe {
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
+        let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
             // Without the prefetch a few-row tile's compute and the weight stream take turns. A
@@ -363,6 +366,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
                 G::BYTES,
                 0,
                 1,
+                l2,
             );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             G::load(blk, &mut wv);
