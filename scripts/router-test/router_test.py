@@ -143,6 +143,7 @@ class Cluster:
             f"worker{i}",
             [a.specd, "serve", "-m", self.model, "--host", HOST, "--port", str(self.ports[i]),
              "-t", "1", "-np", str(a.parallel), "-c", str(a.parallel * 2048), "--metrics",
+             "--metrics-strict",
              "-a", MODEL_NAME],
         )
         wait_for(f"worker {i} /health",

@@ -49,7 +49,12 @@ fn described(text: &str, name: &str) -> (String, String, f64) {
     (help.into(), kind.into(), metric(text, name))
 }
 
-const COUNTERS: [(&str, &str); 9] = [
+/// llama-server's counters, `n_tokens_max` (no `_total`) included.
+const COUNTERS: [(&str, &str); 10] = [
+    (
+        "n_tokens_max",
+        "Largest observed sequence length (prompt + generation)",
+    ),
     (
         "prompt_tokens_total",
         "Number of prompt tokens processed, excluding cached tokens",
@@ -85,13 +90,8 @@ const COUNTERS: [(&str, &str); 9] = [
     ),
 ];
 
-/// `n_tokens_max` is a counter in llama-server: a maximum is a gauge, and a counter's name must
-/// end in `_total` (Prometheus parsers refuse the page otherwise).
-const GAUGES: [(&str, &str); 6] = [
-    (
-        "n_tokens_max",
-        "Largest observed sequence length (prompt + generation)",
-    ),
+/// llama-server's gauges (`--metrics-strict` makes `n_tokens_max` one too: `compat_sglang.rs`).
+const GAUGES: [(&str, &str); 5] = [
     (
         "prompt_tokens_seconds",
         "Average prompt throughput in tokens/s",

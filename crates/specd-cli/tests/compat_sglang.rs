@@ -264,6 +264,35 @@ const LLAMA_SERVER_METRICS: [&str; 15] = [
     "llamacpp:n_busy_slots_per_decode",
 ];
 
+/// Without `--metrics-strict` the page declares llama-server's types, `llamacpp:n_tokens_max`
+/// a counter included (llama.cpp's own server tests check them); the strict page is what the
+/// gateway's parser accepts, and it refuses the default one.
+#[test]
+fn metrics_types_are_llama_servers_unless_strict() {
+    use openmetrics_parser::PrometheusType;
+    let s = Server::start(&["-c", "1024", "-np", "1", "--metrics"]);
+    s.ok("/completion", &json!({"prompt": "a b c", "n_predict": 2}));
+    let page = s.metrics();
+    assert!(
+        page.contains("# TYPE llamacpp:n_tokens_max counter\n"),
+        "{page}"
+    );
+    assert!(
+        page.contains("# TYPE llamacpp:requests_processing gauge\n"),
+        "{page}"
+    );
+    assert!(openmetrics_parser::prometheus::parse_prometheus(&page.replace(':', "_")).is_err());
+    drop(s);
+    let s = Server::start(&["-c", "1024", "-np", "1", "--metrics", "--metrics-strict"]);
+    let page = s.metrics();
+    let parsed = openmetrics_parser::prometheus::parse_prometheus(&page.replace(':', "_"))
+        .unwrap_or_else(|e| panic!("{e:?}\n{page}"));
+    assert_eq!(
+        parsed.families["llamacpp_n_tokens_max"].family_type,
+        PrometheusType::Gauge
+    );
+}
+
 #[test]
 fn metrics_exposition_is_valid() {
     use openmetrics_parser::PrometheusType;
@@ -273,6 +302,7 @@ fn metrics_exposition_is_valid() {
         "-np",
         "2",
         "--metrics",
+        "--metrics-strict",
         "--spec-type",
         "ngram-simple",
     ]);
@@ -289,8 +319,9 @@ fn metrics_exposition_is_valid() {
             "{name} missing:\n{page}"
         );
     }
-    // As SGLang's model gateway reads it: colons become underscores, then its parser (the same
-    // crate and version as sglang-router 0.3.2), which refuses a counter without `_total`.
+    // As SGLang's model gateway reads it (workers started with `--metrics-strict`): colons
+    // become underscores, then its parser (the same crate and version as sglang-router 0.3.2),
+    // which refuses a counter without `_total`.
     let parsed = openmetrics_parser::prometheus::parse_prometheus(&page.replace(':', "_"))
         .unwrap_or_else(|e| panic!("{e:?}\n{page}"));
     let mut n_counters = 0;

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub api_keys: Vec<String>,
     /// Serve `/metrics`.
     pub metrics: bool,
+    /// `--metrics-strict`: every counter's name ends in `_total` (llama-server's
+    /// `llamacpp:n_tokens_max` counter becomes a gauge), as OpenMetrics parsers demand.
+    pub metrics_strict: bool,
     /// Serve `/slots`.
     pub slots: bool,
     /// The model id shown by `/v1/models` and in responses (the first `--alias` in sorted

@@ -212,9 +212,10 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         ),
         (
             "n_tokens_max",
-            // llama-server declares it a counter; a maximum is a gauge, and a counter's name
-            // must end in `_total` (SGLang's model gateway drops a page that breaks this).
-            g,
+            // llama-server declares it a counter. OpenMetrics wants a counter's name to end in
+            // `_total`, and SGLang's model gateway drops a whole page that breaks that rule:
+            // `--metrics-strict` declares this maximum a gauge instead.
+            if st.cfg.metrics_strict { g } else { c },
             "Largest observed sequence length (prompt + generation)",
             t.n_tokens_max as f64,
         ),

@@ -98,6 +98,11 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at /metrics.
     #[arg(long)]
     pub metrics: bool,
+    /// /metrics with every counter's name ending in `_total` (llama-server's
+    /// `llamacpp:n_tokens_max` counter becomes a gauge): OpenMetrics parsers such as SGLang's
+    /// model gateway refuse the page otherwise.
+    #[arg(long = "metrics-strict")]
+    pub metrics_strict: bool,
     /// Serve /slots (default).
     #[arg(long = "slots", overrides_with = "no_slots")]
     pub slots: bool,

@@ -307,6 +307,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         n_ctx_slot,
         api_keys,
         metrics: a.metrics,
+        metrics_strict: a.metrics_strict,
         slots: !a.no_slots,
         model_id: aliases
             .first()
