@@ -33,9 +33,10 @@ pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
 
 /// Whether the kernels prefetch into L2 (`prefetcht1`) rather than L1 (`prefetcht0`), decided
 /// once per process: on Intel CPUs yes, on the others no; `SPECD_PREFETCH=l1|l2` overrides (A/B
-/// measurements). On an Intel Xeon the L1 prefetches held up the tiles' own loads: into L2, one
-/// row of Q4_K_M decoded 12 % faster and a 4-row Q8_0 tile 11 % (BENCHMARKS.md). On AMD Zen 5
-/// the two measured alike when last compared, and L1 stays.
+/// measurements). On an Intel Xeon the L1 prefetches held up the tiles' own loads (one-row
+/// steps and 4-row tiles ran faster into L2; BENCHMARKS.md). On AMD Zen 5 an earlier comparison
+/// (prefetches then issued in one burst) found the two alike, so L1 stays there until measured
+/// again.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn intel_l2() -> bool {
     use std::sync::OnceLock;
@@ -54,7 +55,7 @@ pub(crate) fn intel_l2() -> bool {
 /// Whether a tile of `rows` activation rows of a kernel family whose wide tiles start at
 /// `wide_from` ([`WIDE_BLOCKS`], [`WIDE_SUPER_BLOCKS`]) prefetches into L2: where
 /// [`intel_l2`] says so, except the super-block kernels' wide tiles, whose 8 rows measured
-/// 3–7 % slower from L2 than from L1 on the same Xeon.
+/// slower from L2 than from L1 on the same Xeon.
 pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
     intel_l2() && !(wide_from == WIDE_SUPER_BLOCKS && rows >= wide_from)
 }

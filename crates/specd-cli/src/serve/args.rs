@@ -63,8 +63,8 @@ pub struct ServeArgs {
     #[arg(long = "cache-ram", default_value_t = 8192, allow_hyphen_values = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     pub cache_ram: i64,
-    /// When a request starts, save the other idle slots to the prompt cache in RAM, and with
-    /// a unified memory free them (default, as llama-server; needs --cache-ram).
+    /// With a unified memory (--kv-unified): when a request starts, move the other idle slots'
+    /// memory into the prompt cache in RAM (default, as llama-server; needs --cache-ram).
     #[arg(long = "cache-idle-slots", overrides_with = "no_cache_idle_slots")]
     pub cache_idle_slots: bool,
     #[arg(long = "no-cache-idle-slots")]
