@@ -1170,9 +1170,8 @@ impl Engine {
     }
 
     /// llama-server's `--cache-idle-slots` for one idle sequence: its kept memory is saved into
-    /// the RAM cache (unless an entry holds the same tokens already) and freed, so that its
-    /// conversation continues from the cache in whichever sequence serves it next. No effect
-    /// on a running sequence. Returns whether it saved.
+    /// the RAM cache and freed, so that its conversation continues from the cache in whichever
+    /// sequence serves it next. No effect on a running sequence. Returns whether it saved.
     pub fn cache_idle(&mut self, seq: SeqId) -> bool {
         if self.seqs.contains_key(&seq) {
             return false;

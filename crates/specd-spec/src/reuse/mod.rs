@@ -230,19 +230,15 @@ impl PromptReuse {
         }
     }
 
-    /// An idle sequence's kept memory goes into the RAM cache — unless an entry of its scope
-    /// already holds exactly its tokens, so memory that did not change is copied once — and
-    /// leaves the sequence (llama-server's `--cache-idle-slots`; the server calls it when a
-    /// request starts on another sequence). Returns whether it saved.
+    /// An idle sequence's kept memory goes into the RAM cache and leaves the sequence
+    /// (llama-server's `--cache-idle-slots`; the server calls it when a request starts on
+    /// another sequence). Returns whether it saved.
     pub fn cache_idle(&mut self, mem: &mut Memory, seq: SeqId) -> bool {
-        let saved = match self.kept.get(&seq) {
-            Some(k) if self.keep && !self.ram.holds(k.scope, &k.tokens) => {
-                let k = k.clone();
-                self.stash(mem, seq, k)
-            }
+        let saved = match self.kept.remove(&seq) {
+            Some(k) if self.keep => self.stash(mem, seq, k),
             _ => false,
         };
-        self.forget(mem, seq);
+        mem.clear(seq);
         saved
     }
 

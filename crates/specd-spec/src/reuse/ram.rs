@@ -86,13 +86,6 @@ impl RamCache {
         best
     }
 
-    /// Whether an entry of `scope` holds exactly `tokens`.
-    pub fn holds(&self, scope: u64, tokens: &[u32]) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.scope == scope && e.tokens == tokens)
-    }
-
     /// Removes entry `i` (from [`RamCache::best`]) to load it.
     pub fn take(&mut self, i: usize) -> Saved {
         let e = self.entries.remove(i);
