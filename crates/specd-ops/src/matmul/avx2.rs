@@ -208,7 +208,10 @@ unsafe fn dp_small<const VNNI: bool>(p: __m256i, w: [__m256i; 2], x: [__m256i; 2
                 _mm256_maddubs_epi16(w[0], x[0]),
                 _mm256_maddubs_epi16(w[1], x[1]),
             );
-            _mm256_add_epi32(p, _mm256_madd_epi16(s, _mm256_set1_epi16(1)))
+            pin(_mm256_add_epi32(
+                p,
+                _mm256_madd_epi16(s, _mm256_set1_epi16(1)),
+            ))
         }
     }
 }
@@ -219,8 +222,27 @@ unsafe fn dp_small<const VNNI: bool>(p: __m256i, w: [__m256i; 2], x: [__m256i; 2
 unsafe fn dp_signed(p: __m256i, aw: __m256i, w: __m256i, x: __m256i) -> __m256i {
     unsafe {
         let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-        _mm256_add_epi32(p, _mm256_madd_epi16(m, _mm256_set1_epi16(1)))
+        pin(_mm256_add_epi32(
+            p,
+            _mm256_madd_epi16(m, _mm256_set1_epi16(1)),
+        ))
     }
+}
+
+/// `v`, through an empty `asm!` that the compiler cannot look into or reorder with another
+/// (`asm!` without `pure` counts as a side effect): keeps a tile's chunks in source order —
+/// chunk outermost, rows inside, the weight side of a chunk computed once and used by every row
+/// while it is in a register. Without it LLVM re-associates each row's integer sums into a tree
+/// and computes the tile row by row, spilling every chunk's weight side (`|w|` and `w`, or the
+/// two nibble vectors) to the stack for the next rows; some tile heights then ran 20–35 % slower
+/// (BENCHMARKS.md). Integer adds: the sums, and so the bits, are the same either way.
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn pin(mut v: __m256i) -> __m256i {
+    unsafe {
+        std::arch::asm!("/* {0} */", inout(ymm_reg) v, options(nomem, nostack, preserves_flags));
+    }
+    v
 }
 
 impl GroupBlock for Q8_0 {
