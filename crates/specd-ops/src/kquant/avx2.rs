@@ -125,8 +125,8 @@ unsafe fn x4(xb: *const i8, c: usize) -> __m256i {
 }
 
 /// AVX-VNNI: `p + Σ u·x` over the `n` chunks of a sub-block, as two chains of `vpdpbusd` (even
-/// and odd chunks): a tile has at most four rows, and four chains of one instruction's latency
-/// each would leave the pipes half idle. Integer adds: the sum is the same either way.
+/// and odd chunks): with one chain per row, a tile of few rows would leave the pipes waiting on
+/// each instruction's latency. Integer adds: the sum is the same either way.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // chunk c pairs with activation bytes 4c..4c+4
 unsafe fn idot_vnni(wv: &[__m256i; 8], xb: *const i8, n: usize, p: __m256i) -> __m256i {
@@ -352,8 +352,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
 }
 
 /// One group of 16 interleaved rows of `fmt` against `t` (1..=8) activation rows; see
-/// [`super::avx512::dot_group`]. Tiles of more than four rows run as two (sixteen ymm registers
-/// hold four rows' sums and accumulators next to the weights).
+/// [`super::avx512::dot_group`]. Every tile height up to eight is one pass over the group: past
+/// four rows the sixteen ymm registers no longer hold every row's sums next to a sub-block's
+/// weights and the compiler spills some, but that measured 5–24 % cheaper at 5–8 rows than two
+/// tiles, each decoding the weights again (BENCHMARKS.md, 2026-11-28).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the pointers must cover what they describe.
@@ -373,42 +375,36 @@ pub(crate) unsafe fn dot_group(
                 if vnni {
                     crate::for_tile_height!(
                         $t,
-                        [4, 3, 2],
+                        [8, 7, 6, 5, 4, 3, 2],
                         1,
                         kernel_vnni::<$f>(w, h, $p, $out, ostride)
                     )
                 } else {
-                    crate::for_tile_height!($t, [4, 3, 2], 1, kernel::<$f>(w, h, $p, $out, ostride))
+                    crate::for_tile_height!(
+                        $t,
+                        [8, 7, 6, 5, 4, 3, 2],
+                        1,
+                        kernel::<$f>(w, h, $p, $out, ostride)
+                    )
                 }
             }
         };
     }
-    // Q6_K's sub-blocks of 16 hold their weights in four registers, which leaves room for eight
-    // rows' sums on plain AVX2: its weight-side work (nibbles, high bits, scales) is then shared
-    // by twice the rows.
-    macro_rules! tiles8 {
-        ($f:ty, $p:expr, $t:expr, $out:expr) => {
-            for h in 0..2 {
-                crate::for_tile_height!(
-                    $t,
-                    [8, 7, 6, 5, 4, 3, 2],
-                    1,
-                    kernel::<$f>(w, h, $p, $out, ostride)
-                )
-            }
-        };
-    }
-    let wide = fmt == KFormat::Q6K && !vnni;
     unsafe {
         let mut r = 0;
         while r < t {
-            let n = (t - r).min(if wide { 8 } else { 4 });
+            // Q2_K / Q3_K's kernels (`q23_avx2`) take tiles of up to four rows.
+            let most = if matches!(fmt, KFormat::Q2K | KFormat::Q3K) {
+                4
+            } else {
+                8
+            };
+            let n = (t - r).min(most);
             let pr = p.rows_from(r);
             let o = out.add(r * ostride);
             match fmt {
                 KFormat::Q4K => tiles!(Q4K, pr, n, o),
                 KFormat::Q5K => tiles!(Q5K, pr, n, o),
-                KFormat::Q6K if wide => tiles8!(Q6K, pr, n, o),
                 KFormat::Q6K => tiles!(Q6K, pr, n, o),
                 KFormat::IQ4XS => tiles!(IQ4XS, pr, n, o),
                 KFormat::Q2K | KFormat::Q3K => {
