@@ -1,5 +1,5 @@
 //! Matmul kernel cost by batch width and kernel level, on one thread:
-//! `cargo bench -p specd-ops --bench matmul`.
+//! `cargo bench -p specd-ops --bench matmul [-- hot [tiles]]`.
 //!
 //! Prints the best-of-N time per call (the minimum is the figure least disturbed by other load on
 //! the machine) for a Qwen3.5-0.8B FFN-shaped matrix of every native quantised type, and each
@@ -193,12 +193,19 @@ fn main() {
         .num_threads(1)
         .build()
         .expect("pool");
+    // `-- hot tiles`: every tile height of the SIMD kernels (1..=8 rows) instead.
+    let widths: &[usize] = if std::env::args().any(|a| a == "tiles") {
+        &[1, 2, 3, 4, 5, 6, 7, 8]
+    } else {
+        &[1, 2, 4, 8, 12, 16, 32]
+    };
     println!("matmul {rows}x{cols}, 1 thread, best of 15 (ms per call; × = vs 1 row)");
     for wt in [
         WeightType::Q8_0,
         WeightType::Q8_0R16,
         WeightType::Q4_0,
         WeightType::Q4_0R16,
+        WeightType::IQ4NLR16,
         WeightType::KR16(KFormat::Q4K),
         WeightType::KR16(KFormat::Q5K),
         WeightType::KR16(KFormat::Q6K),
@@ -213,7 +220,7 @@ fn main() {
         for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
             let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
             let mut base = 0.0;
-            for n in [1usize, 2, 4, 8, 12, 16, 32] {
+            for &n in widths {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0)
                     .collect();

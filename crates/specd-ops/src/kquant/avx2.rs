@@ -393,13 +393,7 @@ pub(crate) unsafe fn dot_group(
     unsafe {
         let mut r = 0;
         while r < t {
-            // Q2_K / Q3_K's kernels (`q23_avx2`) take tiles of up to four rows.
-            let most = if matches!(fmt, KFormat::Q2K | KFormat::Q3K) {
-                4
-            } else {
-                8
-            };
-            let n = (t - r).min(most);
+            let n = (t - r).min(8);
             let pr = p.rows_from(r);
             let o = out.add(r * ostride);
             match fmt {

@@ -275,8 +275,8 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
     }
 }
 
-/// One group of 16 interleaved rows of Q2_K / Q3_K against `t` (1..=4) activation rows; see
-/// [`super::avx2::dot_group`], which cuts wider tiles.
+/// One group of 16 interleaved rows of Q2_K / Q3_K against `t` (1..=8) activation rows; see
+/// [`super::avx2::dot_group`].
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (with `vnni`, AVX-VNNI); the pointers must cover what
@@ -296,12 +296,17 @@ pub(crate) unsafe fn dot_group(
                 if vnni {
                     crate::for_tile_height!(
                         t,
-                        [4, 3, 2],
+                        [8, 7, 6, 5, 4, 3, 2],
                         1,
                         kernel_vnni::<$f>(w, h, p, out, ostride)
                     )
                 } else {
-                    crate::for_tile_height!(t, [4, 3, 2], 1, kernel::<$f>(w, h, p, out, ostride))
+                    crate::for_tile_height!(
+                        t,
+                        [8, 7, 6, 5, 4, 3, 2],
+                        1,
+                        kernel::<$f>(w, h, p, out, ostride)
+                    )
                 }
             }
         };
