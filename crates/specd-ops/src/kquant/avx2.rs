@@ -354,8 +354,8 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
 /// One group of 16 interleaved rows of `fmt` against `t` (1..=8) activation rows; see
 /// [`super::avx512::dot_group`]. Every tile height up to eight is one pass over the group: past
 /// four rows the sixteen ymm registers no longer hold every row's sums next to a sub-block's
-/// weights and the compiler spills some, but that measured 5–24 % cheaper at 5–8 rows than two
-/// tiles, each decoding the weights again (BENCHMARKS.md, 2026-11-28).
+/// weights and the compiler spills some, but that measured 5–26 % cheaper at 5–8 rows than two
+/// tiles that each decode the weights again (BENCHMARKS.md, 2026-11-28 afternoon).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the pointers must cover what they describe.
