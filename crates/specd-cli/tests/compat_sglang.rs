@@ -273,14 +273,12 @@ fn metrics_types_are_llama_servers_unless_strict() {
     let s = Server::start(&["-c", "1024", "-np", "1", "--metrics"]);
     s.ok("/completion", &json!({"prompt": "a b c", "n_predict": 2}));
     let page = s.metrics();
-    assert!(
-        page.contains("# TYPE llamacpp:n_tokens_max counter\n"),
-        "{page}"
-    );
-    assert!(
-        page.contains("# TYPE llamacpp:requests_processing gauge\n"),
-        "{page}"
-    );
+    for line in [
+        "# TYPE llamacpp:n_tokens_max counter\n",
+        "# TYPE llamacpp:requests_processing gauge\n",
+    ] {
+        assert!(page.contains(line), "{line}{page}");
+    }
     assert!(openmetrics_parser::prometheus::parse_prometheus(&page.replace(':', "_")).is_err());
     drop(s);
     let s = Server::start(&["-c", "1024", "-np", "1", "--metrics", "--metrics-strict"]);
