@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// them for every query row, so long contexts make wide batches dearer.
     #[arg(long = "width-depth", default_value_t = 32)]
     pub width_depth: usize,
+    /// Verification widths to time, in rows (comma list; one row is always timed too: it is what
+    /// the others are divided by).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub widths: Vec<usize>,
     /// Workload folder (single-turn.jsonl, multi-turn-sorting.json).
     #[arg(long, default_value = "../shared/workloads")]
     pub workloads: PathBuf,
@@ -221,7 +225,14 @@ fn bar(n: usize, msg: &str) -> ProgressBar {
 
 /// llama-bench style: pp = one batch of n_prompt tokens; tg = n_gen single-token decodes.
 fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
-    let widths_list = [1usize, 2, 4, 8, 16];
+    let mut widths_list = a.widths.clone();
+    widths_list.push(1);
+    widths_list.sort_unstable();
+    widths_list.dedup();
+    let widest = widths_list.last().copied().unwrap_or(1);
+    if widths_list.first() == Some(&0) {
+        bail!("--widths must be at least 1 row each");
+    }
     let depth = a.width_depth;
     if depth == 0 {
         bail!("--width-depth must be at least 1");
@@ -231,14 +242,16 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     }
     let n_vocab = model.config().n_vocab as u32;
     let cfg = MemoryConfig {
-        // The width test rolls every batch back, so it needs depth + the widest batch.
-        n_ctx: a.n_prompt.max(depth + 16) + a.n_gen + 64,
+        // The width test rolls every batch back, so it needs depth + the widest batch, and a
+        // rollback record that covers the widest batch.
+        n_ctx: a.n_prompt.max(depth + widest) + a.n_gen + 64,
+        rollback_window: widest.max(MemoryConfig::default().rollback_window),
         max_seqs: 1,
         kv_type_k: a.model.cache_type_k,
         kv_type_v: a.model.cache_type_v,
         ..Default::default()
     };
-    let toks: Vec<u32> = (0..a.n_prompt.max(depth + 16) as u32)
+    let toks: Vec<u32> = (0..a.n_prompt.max(depth + widest) as u32)
         .map(|i| (i * 7919 + 13) % n_vocab)
         .collect();
     let pb = bar(a.reps * 2 + WIDTH_ROUNDS, "speed");
@@ -268,14 +281,14 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     // width only and distort the ratios. Each batch is rolled back (untimed), so every round
     // runs at the same depth.
     let mut mems = Vec::new();
-    for _ in widths_list {
+    for _ in &widths_list {
         let mut mem = model.new_memory(cfg.clone());
         for (i, c) in toks[..depth].chunks(512).enumerate() {
             model.decode(&mut mem, &Batch::from_tokens(c, (i * 512) as u32, 0, false))?;
         }
         mems.push(mem);
     }
-    let mut best = [f64::INFINITY; 5];
+    let mut best = vec![f64::INFINITY; widths_list.len()];
     for _ in 0..WIDTH_ROUNDS {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
             let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);

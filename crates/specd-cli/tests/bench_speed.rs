@@ -49,9 +49,33 @@ fn width_test_runs_at_the_requested_depth() {
     );
 }
 
+/// `--widths` times the widths asked for, one row always among them (the others are divided by
+/// it), in order, without duplicates — a batch wider than the default rollback window included.
+#[test]
+fn widths_are_the_ones_asked_for() {
+    let out = speed(&["--widths", "32,3,3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let widths: Vec<u64> = rep["speed"]["verify_ms_by_width"]
+        .as_array()
+        .expect("widths")
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(widths, [1, 3, 32]);
+}
+
 #[test]
 fn empty_tests_are_errors() {
-    for (flag, value) in [("--width-depth", "0"), ("--n-prompt", "0")] {
+    for (flag, value) in [
+        ("--width-depth", "0"),
+        ("--n-prompt", "0"),
+        ("--widths", "0"),
+    ] {
         let out = speed(&[flag, value]);
         assert!(!out.status.success(), "{flag} {value} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
