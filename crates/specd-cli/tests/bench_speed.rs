@@ -20,17 +20,22 @@ fn speed(extra: &[&str]) -> std::process::Output {
     cmd.output().expect("running specd bench")
 }
 
-/// The verification widths are timed at the depth asked for (every batch rolled back, so all
-/// rounds see that depth), and the report says which depth it was.
-#[test]
-fn width_test_runs_at_the_requested_depth() {
-    let out = speed(&["--width-depth", "300"]);
+/// The JSON report of a speed test that must succeed.
+fn report(extra: &[&str]) -> Value {
+    let out = speed(extra);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rep: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+/// The verification widths are timed at the depth asked for (every batch rolled back, so all
+/// rounds see that depth), and the report says which depth it was.
+#[test]
+fn width_test_runs_at_the_requested_depth() {
+    let rep = report(&["--width-depth", "300"]);
     let s = &rep["speed"];
     assert_eq!(s["width_depth"], 300);
     let widths: Vec<(u64, f64)> = s["verify_ms_by_width"]
@@ -53,13 +58,7 @@ fn width_test_runs_at_the_requested_depth() {
 /// it), in order, without duplicates — a batch wider than the default rollback window included.
 #[test]
 fn widths_are_the_ones_asked_for() {
-    let out = speed(&["--widths", "32,3,3"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rep: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let rep = report(&["--widths", "32,3,3"]);
     let widths: Vec<u64> = rep["speed"]["verify_ms_by_width"]
         .as_array()
         .expect("widths")
