@@ -8,8 +8,9 @@
 //! issuing all of them in one burst at the top of each super-block left the 8-row tile waiting on
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
 //! sub-block instead ([`slice`]), the same requests keep the stream flowing, for one row and for
-//! eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]), on
-//! AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
+//! eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]) — with
+//! a second, short-range request into L1 in the super-block kernels ([`near_l1`]) — on AMD into
+//! L1 (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
 /// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
@@ -58,6 +59,26 @@ pub(crate) fn intel_l2() -> bool {
 /// slower from L2 than from L1 on the same Xeon.
 pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
     intel_l2() && !(wide_from == WIDE_SUPER_BLOCKS && rows >= wide_from)
+}
+
+/// Bytes ahead of the current block that the super-block kernels also prefetch into L1 where
+/// [`near_l1`] says so: a second, short-range request for lines the far one has brought to L2.
+pub(crate) const NEAR: usize = 1024;
+
+/// Whether the super-block kernels add the [`NEAR`] L1 prefetch to their stream: where the stream
+/// goes to L2 ([`intel_l2`]). From L2 alone, a tile of two or more rows waits for each line's
+/// move into L1 and its arithmetic and the stream take turns; from L1 alone they overlap but the
+/// stream is slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles
+/// overlap again and the one-row step keeps the L2 stream's speed.
+pub(crate) fn near_l1() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        intel_l2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Prefetches slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`, into L2

@@ -252,6 +252,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut acc = [_mm256_setzero_ps(); R];
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -264,6 +265,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): a slice of the lines ahead per sub-block (see `prefetch`).
                     crate::prefetch::slice(pf, gbb, s, nsub, l2);
+                    if near {
+                        let at = blk.wrapping_add(crate::prefetch::NEAR);
+                        crate::prefetch::slice(at, gbb, s, nsub, false);
+                    }
                 }
                 F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(

@@ -112,6 +112,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -122,6 +123,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             for s in 0..nsub {
                 // A slice of the lines ahead per sub-block, not all at once (see `prefetch`).
                 crate::prefetch::slice(pf, gbb, s, nsub, l2);
+                if near {
+                    let at = blk.wrapping_add(crate::prefetch::NEAR);
+                    crate::prefetch::slice(at, gbb, s, nsub, false);
+                }
                 F::load_sub(blk.add(hb + s * qb), &mut wv);
                 let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
                     blk.add(fmt.sc_offset() + 16 * s) as *const __m128i

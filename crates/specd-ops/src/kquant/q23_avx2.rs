@@ -221,6 +221,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm256_setzero_ps(); R];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -234,6 +235,10 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     // in cache): a slice of the lines ahead per pair of sub-blocks (see
                     // `prefetch`).
                     crate::prefetch::slice(pf, gbb, k, 8, l2);
+                    if near {
+                        let at = blk.wrapping_add(crate::prefetch::NEAR);
+                        crate::prefetch::slice(at, gbb, k, 8, false);
+                    }
                 }
                 sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
                 sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);

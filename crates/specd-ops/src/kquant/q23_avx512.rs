@@ -141,6 +141,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let sc0 = sc_offset(fmt);
         let mut acc = [_mm512_setzero_ps(); R];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(
@@ -151,6 +152,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             for k in 0..8 {
                 // A slice of the lines ahead per pair of sub-blocks (see `prefetch`).
                 crate::prefetch::slice(pf, gbb, k, 8, l2);
+                if near {
+                    let at = blk.wrapping_add(crate::prefetch::NEAR);
+                    crate::prefetch::slice(at, gbb, k, 8, false);
+                }
                 sub_block::<F, R, 0>(blk, k, b, p, &mut isum);
                 sub_block::<F, R, 1>(blk, k, b, p, &mut isum);
             }
