@@ -81,6 +81,25 @@ pub(crate) fn near_l1() -> bool {
     }
 }
 
+/// A super-block kernel's share of the stream for one step: slice `part` of `parts` of the
+/// `bytes` bytes at `far` (into L2 if `l2`, see [`into_l2`]) and, if `near` ([`near_l1`]), the
+/// same slice [`NEAR`] bytes past the block at `blk` into L1.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn stream(
+    blk: *const u8,
+    far: *const u8,
+    bytes: usize,
+    (part, parts): (usize, usize),
+    l2: bool,
+    near: bool,
+) {
+    slice(far, bytes, part, parts, l2);
+    if near {
+        slice(blk.wrapping_add(NEAR), bytes, part, parts, false);
+    }
+}
+
 /// Prefetches slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`, into L2
 /// if `l2` (see [`into_l2`]) else L1; the slices `0..parts` together cover every line once. Any
 /// address may be given: the pointer is only offset (`wrapping_add`) and prefetched, never read.

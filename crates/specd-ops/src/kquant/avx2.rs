@@ -264,11 +264,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                 if h == 0 {
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): a slice of the lines ahead per sub-block (see `prefetch`).
-                    crate::prefetch::slice(pf, gbb, s, nsub, l2);
-                    if near {
-                        let at = blk.wrapping_add(crate::prefetch::NEAR);
-                        crate::prefetch::slice(at, gbb, s, nsub, false);
-                    }
+                    crate::prefetch::stream(blk, pf, gbb, (s, nsub), l2, near);
                 }
                 F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
                 let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(

@@ -122,11 +122,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             let mut isum = [_mm512_setzero_si512(); R];
             for s in 0..nsub {
                 // A slice of the lines ahead per sub-block, not all at once (see `prefetch`).
-                crate::prefetch::slice(pf, gbb, s, nsub, l2);
-                if near {
-                    let at = blk.wrapping_add(crate::prefetch::NEAR);
-                    crate::prefetch::slice(at, gbb, s, nsub, false);
-                }
+                crate::prefetch::stream(blk, pf, gbb, (s, nsub), l2, near);
                 F::load_sub(blk.add(hb + s * qb), &mut wv);
                 let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
                     blk.add(fmt.sc_offset() + 16 * s) as *const __m128i

@@ -234,11 +234,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                     // The first half's pass streams the group from memory (the second finds it
                     // in cache): a slice of the lines ahead per pair of sub-blocks (see
                     // `prefetch`).
-                    crate::prefetch::slice(pf, gbb, k, 8, l2);
-                    if near {
-                        let at = blk.wrapping_add(crate::prefetch::NEAR);
-                        crate::prefetch::slice(at, gbb, k, 8, false);
-                    }
+                    crate::prefetch::stream(blk, pf, gbb, (k, 8), l2, near);
                 }
                 sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
                 sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);

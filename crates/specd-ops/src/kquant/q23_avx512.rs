@@ -151,11 +151,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
             let mut isum = [_mm512_setzero_si512(); R];
             for k in 0..8 {
                 // A slice of the lines ahead per pair of sub-blocks (see `prefetch`).
-                crate::prefetch::slice(pf, gbb, k, 8, l2);
-                if near {
-                    let at = blk.wrapping_add(crate::prefetch::NEAR);
-                    crate::prefetch::slice(at, gbb, k, 8, false);
-                }
+                crate::prefetch::stream(blk, pf, gbb, (k, 8), l2, near);
                 sub_block::<F, R, 0>(blk, k, b, p, &mut isum);
                 sub_block::<F, R, 1>(blk, k, b, p, &mut isum);
             }
