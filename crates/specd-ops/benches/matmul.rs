@@ -1,5 +1,5 @@
 //! Matmul kernel cost by batch width and kernel level, on one thread:
-//! `cargo bench -p specd-ops --bench matmul [-- hot [tiles]]`.
+//! `cargo bench -p specd-ops --bench matmul [-- hot [tiles] | -- stream]`.
 //!
 //! Prints the best-of-N time per call (the minimum is the figure least disturbed by other load on
 //! the machine) for a Qwen3.5-0.8B FFN-shaped matrix of every native quantised type, and each
@@ -183,10 +183,14 @@ fn layer_streaming() {
 }
 
 fn main() {
-    // `cargo bench -p specd-ops --bench matmul -- hot`: the in-cache table only.
-    if !std::env::args().any(|a| a == "hot") {
+    // `-- hot`: the in-cache table only; `-- stream`: the streaming tables only.
+    let arg = |name: &str| std::env::args().any(|a| a == name);
+    if !arg("hot") {
         streaming();
         layer_streaming();
+    }
+    if arg("stream") {
+        return;
     }
     let (rows, cols) = (3584, 1024);
     let pool = rayon::ThreadPoolBuilder::new()

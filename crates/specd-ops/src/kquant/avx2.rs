@@ -207,35 +207,27 @@ pub(super) unsafe fn scaled_sums(pairs: &[__m256i; 8], bs: *const i16) -> __m256
     }
 }
 
-/// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows, on AVX2.
+/// One group (both halves of eight rows) against `R` activation rows, on AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel<F: Fmt, const R: usize>(
-    w: *const u8,
-    h: usize,
-    p: ActPtrs,
-    out: *mut f32,
-    ostride: usize,
-) {
-    unsafe { kernel_body::<F, R, false>(w, h, p, out, ostride) }
+unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32, ostride: usize) {
+    unsafe { kernel_body::<F, R, false>(w, p, out, ostride) }
 }
 
 /// [`kernel`] with AVX-VNNI's `vpdpbusd`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn kernel_vnni<F: Fmt, const R: usize>(
     w: *const u8,
-    h: usize,
     p: ActPtrs,
     out: *mut f32,
     ostride: usize,
 ) {
-    unsafe { kernel_body::<F, R, true>(w, h, p, out, ostride) }
+    unsafe { kernel_body::<F, R, true>(w, p, out, ostride) }
 }
 
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // raw tile addressing
 unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
     w: *const u8,
-    h: usize,
     p: ActPtrs,
     out: *mut f32,
     ostride: usize,
@@ -249,7 +241,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             fmt.sub_quant_bytes(),
         );
         let off = fmt.offset();
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         let near = crate::prefetch::near_l1();
@@ -259,95 +251,110 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                 R,
                 crate::prefetch::WIDE_SUPER_BLOCKS,
             ));
-            let mut isum = [_mm256_setzero_si256(); R];
-            for s in 0..nsub {
-                if h == 0 {
-                    // The first half's pass streams the group from memory (the second finds it
-                    // in cache): a slice of the lines ahead per sub-block (see `prefetch`).
-                    crate::prefetch::stream(blk, pf, gbb, (s, nsub), l2, near);
-                }
-                F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
-                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                    blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,
-                ));
-                let sc16 = _mm256_or_si256(
-                    _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
-                    _mm256_slli_epi32::<16>(sc),
-                );
-                if !VNNI && F::SIGNED {
-                    // The sign trick's |w| once per chunk for every row of the tile (chunks
-                    // outermost); one chunk per widening, so the integer sums are the same.
-                    const { assert!(!F::SIGNED || F::CHUNKS_I16 == 1) };
-                    for c in 0..sub / 4 {
-                        let aw = _mm256_sign_epi8(wv[c], wv[c]);
-                        for r in 0..R {
-                            let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
-                            let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(xb, c), wv[c]));
-                            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m, sc16));
+            // Both halves of a super-block before the next one, rather than one half's pass
+            // over the whole group and then the other's: the stream ahead is requested in
+            // slices spread over both halves' sub-blocks, so it keeps flowing while the second
+            // half computes (a second pass issued no requests, and a wide tile's arithmetic and
+            // the stream took turns).
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for s in 0..nsub {
+                    crate::prefetch::stream(blk, pf, gbb, (h * nsub + s, 2 * nsub), l2, near);
+                    F::load_sub::<VNNI>(blk.add(hb + s * qb), h, &mut wv);
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        blk.add(fmt.sc_offset() + 16 * s + 8 * h) as *const __m128i,
+                    ));
+                    let sc16 = _mm256_or_si256(
+                        _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
+                        _mm256_slli_epi32::<16>(sc),
+                    );
+                    if !VNNI && F::SIGNED {
+                        // The sign trick's |w| once per chunk for every row of the tile (chunks
+                        // outermost); one chunk per widening, so the integer sums are the same.
+                        const { assert!(!F::SIGNED || F::CHUNKS_I16 == 1) };
+                        for c in 0..sub / 4 {
+                            let aw = _mm256_sign_epi8(wv[c], wv[c]);
+                            for r in 0..R {
+                                let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
+                                let m =
+                                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x4(xb, c), wv[c]));
+                                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m, sc16));
+                            }
                         }
-                    }
-                    continue;
-                }
-                for r in 0..R {
-                    let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
-                    if !VNNI {
-                        let d = idot_scaled::<F>(&wv, xb, sub / 4, sc16);
-                        isum[r] = _mm256_add_epi32(isum[r], d);
                         continue;
                     }
-                    let p0 = if fmt.has_dmin() {
-                        _mm256_setzero_si256()
-                    } else {
-                        let bs = if sub == 16 {
-                            *p.bs16.add((r * p.nbk + b) * 16 + s)
+                    for r in 0..R {
+                        let xb = p.q.add(r * p.qstride + b * QK_K + s * sub);
+                        if !VNNI {
+                            let d = idot_scaled::<F>(&wv, xb, sub / 4, sc16);
+                            isum[r] = _mm256_add_epi32(isum[r], d);
+                            continue;
+                        }
+                        let p0 = if fmt.has_dmin() {
+                            _mm256_setzero_si256()
                         } else {
-                            *p.bs32.add((r * p.nbk + b) * 8 + s)
+                            let bs = if sub == 16 {
+                                *p.bs16.add((r * p.nbk + b) * 16 + s)
+                            } else {
+                                *p.bs32.add((r * p.nbk + b) * 8 + s)
+                            };
+                            _mm256_set1_epi32(-off * bs as i32)
                         };
-                        _mm256_set1_epi32(-off * bs as i32)
-                    };
-                    let d = idot_vnni(&wv, xb, sub / 4, p0);
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
-                }
-            }
-            if !VNNI && !F::SIGNED && off != 0 {
-                // The offset of `w = u − OFF` (Q6_K): `OFF·Σ_s sc_s·Σx_s` off each row's sum.
-                debug_assert_eq!(sub, 16, "the sums per 16 values");
-                let pairs = scale_pairs::<false>(blk.add(fmt.sc_offset()), h);
-                for r in 0..R {
-                    let corr = scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
-                    isum[r] =
-                        _mm256_sub_epi32(isum[r], _mm256_mullo_epi32(corr, _mm256_set1_epi32(off)));
-                }
-            }
-            let da = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
-            for r in 0..R {
-                let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
-                acc[r] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
-            }
-            if fmt.has_dmin() {
-                let db = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i));
-                let m0 = blk.add(fmt.m_offset() + 16 * h);
-                let mut mp = [_mm256_setzero_si256(); 4];
-                for (k, v) in mp.iter_mut().enumerate() {
-                    *v = _mm256_cvtepi8_epi16(_mm_loadu_si128(m0.add(32 * k) as *const __m128i));
-                }
-                for r in 0..R {
-                    let bs = p.bs32.add((r * p.nbk + b) * 8);
-                    let mut msum = _mm256_setzero_si256();
-                    for (k, v) in mp.iter().enumerate() {
-                        let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
-                        msum =
-                            _mm256_add_epi32(msum, _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)));
+                        let d = idot_vnni(&wv, xb, sub / 4, p0);
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
                     }
+                }
+                if !VNNI && !F::SIGNED && off != 0 {
+                    // The offset of `w = u − OFF` (Q6_K): `OFF·Σ_s sc_s·Σx_s` off each row's sum.
+                    debug_assert_eq!(sub, 16, "the sums per 16 values");
+                    let pairs = scale_pairs::<false>(blk.add(fmt.sc_offset()), h);
+                    for r in 0..R {
+                        let corr = scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
+                        isum[r] = _mm256_sub_epi32(
+                            isum[r],
+                            _mm256_mullo_epi32(corr, _mm256_set1_epi32(off)),
+                        );
+                    }
+                }
+                let da = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
+                for r in 0..R {
                     let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
                     acc[r] =
-                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(db, dy), acc[r]);
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
+                }
+                if fmt.has_dmin() {
+                    let db =
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i));
+                    let m0 = blk.add(fmt.m_offset() + 16 * h);
+                    let mut mp = [_mm256_setzero_si256(); 4];
+                    for (k, v) in mp.iter_mut().enumerate() {
+                        *v =
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128(m0.add(32 * k) as *const __m128i));
+                    }
+                    for r in 0..R {
+                        let bs = p.bs32.add((r * p.nbk + b) * 8);
+                        let mut msum = _mm256_setzero_si256();
+                        for (k, v) in mp.iter().enumerate() {
+                            let pair = std::ptr::read_unaligned(bs.add(2 * k) as *const i32);
+                            msum = _mm256_add_epi32(
+                                msum,
+                                _mm256_madd_epi16(*v, _mm256_set1_epi32(pair)),
+                            );
+                        }
+                        let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
+                        acc[r] = _mm256_fnmadd_ps(
+                            _mm256_cvtepi32_ps(msum),
+                            _mm256_mul_ps(db, dy),
+                            acc[r],
+                        );
+                    }
                 }
             }
         }
-        for r in 0..R {
-            _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+        for (h, acc) in acc.iter().enumerate() {
+            for r in 0..R {
+                _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+            }
         }
     }
 }
@@ -372,22 +379,20 @@ pub(crate) unsafe fn dot_group(
 ) {
     macro_rules! tiles {
         ($f:ty, $p:expr, $t:expr, $out:expr) => {
-            for h in 0..2 {
-                if vnni {
-                    crate::for_tile_height!(
-                        $t,
-                        [8, 7, 6, 5, 4, 3, 2],
-                        1,
-                        kernel_vnni::<$f>(w, h, $p, $out, ostride)
-                    )
-                } else {
-                    crate::for_tile_height!(
-                        $t,
-                        [8, 7, 6, 5, 4, 3, 2],
-                        1,
-                        kernel::<$f>(w, h, $p, $out, ostride)
-                    )
-                }
+            if vnni {
+                crate::for_tile_height!(
+                    $t,
+                    [8, 7, 6, 5, 4, 3, 2],
+                    1,
+                    kernel_vnni::<$f>(w, $p, $out, ostride)
+                )
+            } else {
+                crate::for_tile_height!(
+                    $t,
+                    [8, 7, 6, 5, 4, 3, 2],
+                    1,
+                    kernel::<$f>(w, $p, $out, ostride)
+                )
             }
         };
     }

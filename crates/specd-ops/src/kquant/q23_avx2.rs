@@ -182,35 +182,27 @@ unsafe fn sub_block<F: Fmt, const R: usize, const VNNI: bool, const E: usize>(
     }
 }
 
-/// Half `h` (rows `8h..8h+8`) of one group against `R` activation rows, on AVX2.
+/// One group (both halves of eight rows) against `R` activation rows, on AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel<F: Fmt, const R: usize>(
-    w: *const u8,
-    h: usize,
-    p: ActPtrs,
-    out: *mut f32,
-    ostride: usize,
-) {
-    unsafe { kernel_body::<F, R, false>(w, h, p, out, ostride) }
+unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32, ostride: usize) {
+    unsafe { kernel_body::<F, R, false>(w, p, out, ostride) }
 }
 
 /// [`kernel`] with AVX-VNNI's `vpdpbusd`.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn kernel_vnni<F: Fmt, const R: usize>(
     w: *const u8,
-    h: usize,
     p: ActPtrs,
     out: *mut f32,
     ostride: usize,
 ) {
-    unsafe { kernel_body::<F, R, true>(w, h, p, out, ostride) }
+    unsafe { kernel_body::<F, R, true>(w, p, out, ostride) }
 }
 
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // raw tile addressing
 unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
     w: *const u8,
-    h: usize,
     p: ActPtrs,
     out: *mut f32,
     ostride: usize,
@@ -219,7 +211,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let fmt = F::F;
         let gbb = fmt.group_block_bytes();
         let sc0 = sc_offset(fmt);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
         let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
@@ -228,50 +220,54 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                 R,
                 crate::prefetch::WIDE_SUPER_BLOCKS,
             ));
-            let mut isum = [_mm256_setzero_si256(); R];
-            for k in 0..8 {
-                if h == 0 {
-                    // The first half's pass streams the group from memory (the second finds it
-                    // in cache): a slice of the lines ahead per pair of sub-blocks (see
-                    // `prefetch`).
-                    crate::prefetch::stream(blk, pf, gbb, (k, 8), l2, near);
+            // Both halves of a super-block before the next one, the lines ahead requested a
+            // slice per pair of sub-blocks of either half (see `super::avx2::kernel_body`).
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for k in 0..8 {
+                    crate::prefetch::stream(blk, pf, gbb, (8 * h + k, 16), l2, near);
+                    sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
+                    sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);
                 }
-                sub_block::<F, R, VNNI, 0>(blk, k, h, b, p, &mut isum);
-                sub_block::<F, R, VNNI, 1>(blk, k, h, b, p, &mut isum);
-            }
-            // Row j's two scale bytes of each pair of sub-blocks as an i16 pair (Q3_K: `sc`
-            // for the offset; Q2_K: `m`), against a row's two activation sums.
-            let pairs = if fmt == KFormat::Q3K {
-                super::avx2::scale_pairs::<false>(blk.add(sc0), h)
-            } else {
-                super::avx2::scale_pairs::<true>(blk.add(sc0), h)
-            };
-            let da = _mm256_cvtph_ps(_mm_loadu_si128(
-                blk.add(da_offset(fmt) + 16 * h) as *const __m128i
-            ));
-            let db = if fmt == KFormat::Q2K {
-                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))
-            } else {
-                _mm256_setzero_ps()
-            };
-            // Row by row (no array of sums: registers for four-row tiles).
-            for r in 0..R {
-                let msum = super::avx2::scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
-                if fmt == KFormat::Q3K {
-                    // `u` carries +4: subtract 4·Σ_s sc_s·Σx_s.
-                    isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<2>(msum));
-                }
-                let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
-                acc[r] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
-                if fmt == KFormat::Q2K {
+                // Row j's two scale bytes of each pair of sub-blocks as an i16 pair (Q3_K: `sc`
+                // for the offset; Q2_K: `m`), against a row's two activation sums.
+                let pairs = if fmt == KFormat::Q3K {
+                    super::avx2::scale_pairs::<false>(blk.add(sc0), h)
+                } else {
+                    super::avx2::scale_pairs::<true>(blk.add(sc0), h)
+                };
+                let da = _mm256_cvtph_ps(_mm_loadu_si128(
+                    blk.add(da_offset(fmt) + 16 * h) as *const __m128i
+                ));
+                let db = if fmt == KFormat::Q2K {
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                // Row by row (no array of sums: registers for four-row tiles).
+                for r in 0..R {
+                    let msum = super::avx2::scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
+                    if fmt == KFormat::Q3K {
+                        // `u` carries +4: subtract 4·Σ_s sc_s·Σx_s.
+                        isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<2>(msum));
+                    }
+                    let dy = _mm256_set1_ps(*p.d.add(r * p.nbk + b));
                     acc[r] =
-                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(db, dy), acc[r]);
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(da, dy), acc[r]);
+                    if fmt == KFormat::Q2K {
+                        acc[r] = _mm256_fnmadd_ps(
+                            _mm256_cvtepi32_ps(msum),
+                            _mm256_mul_ps(db, dy),
+                            acc[r],
+                        );
+                    }
                 }
             }
         }
-        for r in 0..R {
-            _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+        for (h, acc) in acc.iter().enumerate() {
+            for r in 0..R {
+                _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
+            }
         }
     }
 }
@@ -293,22 +289,20 @@ pub(crate) unsafe fn dot_group(
 ) {
     macro_rules! tiles {
         ($f:ty) => {
-            for h in 0..2 {
-                if vnni {
-                    crate::for_tile_height!(
-                        t,
-                        [8, 7, 6, 5, 4, 3, 2],
-                        1,
-                        kernel_vnni::<$f>(w, h, p, out, ostride)
-                    )
-                } else {
-                    crate::for_tile_height!(
-                        t,
-                        [8, 7, 6, 5, 4, 3, 2],
-                        1,
-                        kernel::<$f>(w, h, p, out, ostride)
-                    )
-                }
+            if vnni {
+                crate::for_tile_height!(
+                    t,
+                    [8, 7, 6, 5, 4, 3, 2],
+                    1,
+                    kernel_vnni::<$f>(w, p, out, ostride)
+                )
+            } else {
+                crate::for_tile_height!(
+                    t,
+                    [8, 7, 6, 5, 4, 3, 2],
+                    1,
+                    kernel::<$f>(w, p, out, ostride)
+                )
             }
         };
     }

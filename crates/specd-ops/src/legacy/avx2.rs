@@ -57,17 +57,14 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
         let gbb = f.group_block_bytes();
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); R];
-            for b in 0..p.nb {
-                let blk = w.add(b * gbb);
-                if h == 0 {
-                    // The first half's pass streams the group from memory (the second finds it
-                    // in cache): prefetch ahead.
-                    let pf =
-                        blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
-                    crate::prefetch::slice(pf, gbb, 0, 1, l2);
-                }
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for b in 0..p.nb {
+            let blk = w.add(b * gbb);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
+            // Both halves of a block before the next one, each requesting half of the lines
+            // ahead, so that the stream flows while either half computes (see `prefetch`).
+            for (h, acc) in acc.iter_mut().enumerate() {
+                crate::prefetch::slice(pf, gbb, h, 2, l2);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let ms = if f.has_min() {
                     _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))
@@ -117,6 +114,8 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
                     }
                 }
             }
+        }
+        for (h, acc) in acc.iter().enumerate() {
             for r in 0..R {
                 _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
             }

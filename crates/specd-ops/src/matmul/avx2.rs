@@ -368,17 +368,15 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
 ) {
     unsafe {
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); R];
-            for b in 0..nb {
-                let blk = w.add(b * G::BYTES);
-                if h == 0 {
-                    // The first half's pass streams the group from memory (the second finds it
-                    // in cache): prefetch ahead as the AVX-512 kernel does.
-                    let pf =
-                        blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
-                    crate::prefetch::slice(pf, G::BYTES, 0, 1, l2);
-                }
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        for b in 0..nb {
+            let blk = w.add(b * G::BYTES);
+            let pf = blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS));
+            // Both halves of a block before the next one, each requesting half of the lines
+            // ahead: the stream keeps flowing while the second half computes (see
+            // `prefetch`, "Streaming the weights" in docs/quantisation.md).
+            for (h, acc) in acc.iter_mut().enumerate() {
+                crate::prefetch::slice(pf, G::BYTES, h, 2, l2);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let mut ip = [_mm256_setzero_si256(); R];
                 let mut xs = [std::ptr::null::<i8>(); R];
@@ -396,6 +394,8 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip[r]), s, acc[r]);
                 }
             }
+        }
+        for (h, acc) in acc.iter().enumerate() {
             for r in 0..R {
                 _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
             }
