@@ -307,7 +307,7 @@ pub fn delta_head_step(
 }
 
 /// AVX2 body of [`delta_head_step`]: each row is loaded once, scaled, reduced against `k`,
-/// updated and reduced against `q` while it sits in L1, with [`dot_avx2`]'s reduction order.
+/// updated and reduced against `q` while it sits in L1 ([`delta_rows_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
@@ -323,81 +323,122 @@ unsafe fn delta_head_step_avx2(
     mut out: Option<&mut [f32]>,
 ) {
     unsafe {
-        let n32 = d_k / 32 * 32;
-        let n8 = d_k / 8 * 8;
-        let (pk, pq) = (k.as_ptr(), q.as_ptr());
-        let g = _mm256_set1_ps(decay);
-        for vi in 0..v.len() {
+        for (vi, &v) in v.iter().enumerate() {
             let dst = state.as_mut_ptr().add(vi * d_k);
             let from = src.map_or(dst as *const f32, |s| s.as_ptr().add(vi * d_k));
-            // row = decay·src; u = row·k
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i < n32 {
-                for (j, ac) in acc.iter_mut().enumerate() {
-                    let o = i + 8 * j;
-                    let r = _mm256_mul_ps(_mm256_loadu_ps(from.add(o)), g);
-                    _mm256_storeu_ps(dst.add(o), r);
-                    *ac = _mm256_fmadd_ps(r, _mm256_loadu_ps(pk.add(o)), *ac);
-                }
-                i += 32;
-            }
-            while i < n8 {
-                let r = _mm256_mul_ps(_mm256_loadu_ps(from.add(i)), g);
-                _mm256_storeu_ps(dst.add(i), r);
-                acc[0] = _mm256_fmadd_ps(r, _mm256_loadu_ps(pk.add(i)), acc[0]);
-                i += 8;
-            }
-            let mut u = hsum(_mm256_add_ps(
-                _mm256_add_ps(acc[0], acc[1]),
-                _mm256_add_ps(acc[2], acc[3]),
-            ));
-            while i < d_k {
-                let r = *from.add(i) * decay;
-                *dst.add(i) = r;
-                u += r * k[i];
-                i += 1;
-            }
-            // row += delta·k (multiply, then add: axpy's rounding); o = row·q
-            let delta = beta * (v[vi] - u);
-            let dv = _mm256_set1_ps(delta);
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i < n32 {
-                for (j, ac) in acc.iter_mut().enumerate() {
-                    let o = i + 8 * j;
-                    let r = _mm256_add_ps(
-                        _mm256_loadu_ps(dst.add(o)),
-                        _mm256_mul_ps(dv, _mm256_loadu_ps(pk.add(o))),
-                    );
-                    _mm256_storeu_ps(dst.add(o), r);
-                    *ac = _mm256_fmadd_ps(r, _mm256_loadu_ps(pq.add(o)), *ac);
-                }
-                i += 32;
-            }
-            while i < n8 {
-                let r = _mm256_add_ps(
-                    _mm256_loadu_ps(dst.add(i)),
-                    _mm256_mul_ps(dv, _mm256_loadu_ps(pk.add(i))),
-                );
-                _mm256_storeu_ps(dst.add(i), r);
-                acc[0] = _mm256_fmadd_ps(r, _mm256_loadu_ps(pq.add(i)), acc[0]);
-                i += 8;
-            }
-            let mut o = hsum(_mm256_add_ps(
-                _mm256_add_ps(acc[0], acc[1]),
-                _mm256_add_ps(acc[2], acc[3]),
-            ));
-            while i < d_k {
-                let r = *dst.add(i) + delta * k[i];
-                *dst.add(i) = r;
-                o += r * q[i];
-                i += 1;
-            }
+            let [o] = delta_rows_avx2([from], [dst], d_k, decay, beta, k.as_ptr(), q.as_ptr(), [v]);
             if let Some(out) = out.as_deref_mut() {
                 out[vi] = o;
             }
         }
+    }
+}
+
+/// One token of the delta rule on AVX2 for `R` rows at once (independent dependency chains
+/// that keep the pipes busy while each row waits on its own reductions): for each row,
+/// `dst = decay·from; u = dst·k; dst += β(v − u)·k; returns dst·q` — [`dot_avx2`]'s reduction
+/// order, multiply then add for the update (axpy's rounding). A row's arithmetic does not
+/// depend on `R` or on the other rows, and the token-by-token kernel (`R = 1`) and the
+/// rows-outer one (`delta_net`) share this function, so every path gives the same bits.
+/// `from[r]` may equal `dst[r]` (the state updated in place).
+///
+/// # Safety
+/// AVX2 and FMA must be available; `from[r]`, `dst[r]`, `pk`, `pq` hold `d_k` values.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // rows in lockstep
+#[inline(always)]
+pub(crate) unsafe fn delta_rows_avx2<const R: usize>(
+    from: [*const f32; R],
+    dst: [*mut f32; R],
+    d_k: usize,
+    decay: f32,
+    beta: f32,
+    pk: *const f32,
+    pq: *const f32,
+    v: [f32; R],
+) -> [f32; R] {
+    unsafe {
+        let n32 = d_k / 32 * 32;
+        let n8 = d_k / 8 * 8;
+        let g = _mm256_set1_ps(decay);
+        // row = decay·src; u = row·k
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        let mut i = 0;
+        while i < n32 {
+            for j in 0..4 {
+                let o = i + 8 * j;
+                let kv = _mm256_loadu_ps(pk.add(o));
+                for r in 0..R {
+                    let x = _mm256_mul_ps(_mm256_loadu_ps(from[r].add(o)), g);
+                    _mm256_storeu_ps(dst[r].add(o), x);
+                    acc[r][j] = _mm256_fmadd_ps(x, kv, acc[r][j]);
+                }
+            }
+            i += 32;
+        }
+        while i < n8 {
+            let kv = _mm256_loadu_ps(pk.add(i));
+            for r in 0..R {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(from[r].add(i)), g);
+                _mm256_storeu_ps(dst[r].add(i), x);
+                acc[r][0] = _mm256_fmadd_ps(x, kv, acc[r][0]);
+            }
+            i += 8;
+        }
+        let mut delta = [0f32; R];
+        for r in 0..R {
+            let a = &acc[r];
+            let mut u = hsum(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[1]),
+                _mm256_add_ps(a[2], a[3]),
+            ));
+            for t in i..d_k {
+                let x = *from[r].add(t) * decay;
+                *dst[r].add(t) = x;
+                u += x * *pk.add(t);
+            }
+            delta[r] = beta * (v[r] - u);
+        }
+        // row += delta·k (multiply, then add: axpy's rounding); o = row·q
+        let dv = delta.map(|d| _mm256_set1_ps(d));
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        let mut i = 0;
+        while i < n32 {
+            for j in 0..4 {
+                let o = i + 8 * j;
+                let (kv, qv) = (_mm256_loadu_ps(pk.add(o)), _mm256_loadu_ps(pq.add(o)));
+                for r in 0..R {
+                    let x = _mm256_add_ps(_mm256_loadu_ps(dst[r].add(o)), _mm256_mul_ps(dv[r], kv));
+                    _mm256_storeu_ps(dst[r].add(o), x);
+                    acc[r][j] = _mm256_fmadd_ps(x, qv, acc[r][j]);
+                }
+            }
+            i += 32;
+        }
+        while i < n8 {
+            let (kv, qv) = (_mm256_loadu_ps(pk.add(i)), _mm256_loadu_ps(pq.add(i)));
+            for r in 0..R {
+                let x = _mm256_add_ps(_mm256_loadu_ps(dst[r].add(i)), _mm256_mul_ps(dv[r], kv));
+                _mm256_storeu_ps(dst[r].add(i), x);
+                acc[r][0] = _mm256_fmadd_ps(x, qv, acc[r][0]);
+            }
+            i += 8;
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let a = &acc[r];
+            let mut o = hsum(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[1]),
+                _mm256_add_ps(a[2], a[3]),
+            ));
+            for t in i..d_k {
+                let x = *dst[r].add(t) + delta[r] * *pk.add(t);
+                *dst[r].add(t) = x;
+                o += x * *pq.add(t);
+            }
+            out[r] = o;
+        }
+        out
     }
 }
 

@@ -11,34 +11,8 @@
 //! as [`crate::vec::dot`] does it (four 8-lane accumulators over 32-element blocks, the same
 //! horizontal sum) — a 16-lane accumulator holds two of those 8-lane ones side by side.
 
+use super::{HeadOutputs, HeadTokens};
 use std::arch::x86_64::*;
-
-/// Per-token inputs of one head, as strided views into the layer's token-major inputs:
-/// token `t`'s key is `k[t·qk_stride..][..d_k]`, its value for row `vi` is `v[t·v_stride + vi]`,
-/// its decay and β are `decay[t·gb_stride]`, `beta[t·gb_stride]`.
-pub(super) struct HeadTokens<'a> {
-    pub n: usize,
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub qk_stride: usize,
-    pub v: &'a [f32],
-    pub v_stride: usize,
-    pub decay: &'a [f32],
-    pub beta: &'a [f32],
-    pub gb_stride: usize,
-}
-
-/// Where a run's per-token results go, as raw pointers (each head writes only its own part).
-pub(super) struct HeadOutputs {
-    /// Output of token `t`, row `vi` at `out + t·out_stride + vi`; null for none.
-    pub out: *mut f32,
-    pub out_stride: usize,
-    /// State after token `t ≥ snap_first` at `snap + (t − snap_first)·snap_stride` (the head's
-    /// part of that snapshot slot); null for none.
-    pub snap: *mut f32,
-    pub snap_stride: usize,
-    pub snap_first: usize,
-}
 
 /// Can [`run`] take rows of this length? (Multiples of 32 up to 128: the row stays in 8
 /// registers and the reduction has no 8-wide or scalar tail.)

@@ -3,10 +3,13 @@
 //! Used for single-token decode, verification batches, prefill *and* the fast rollback (which
 //! replays this recurrence over cached per-token inputs): one entry point, [`gated_delta_rule`],
 //! means the replayed state is bit-identical to the state a plain decode would have produced.
-//! Two kernels sit behind it — token by token (`vec::delta_head_step`) and, on AVX-512, rows
-//! held in registers across a run of tokens ([`avx512`]) — doing the same arithmetic in the same
-//! order, which a unit test checks bit for bit.
+//! Behind it, the token-by-token kernel (`vec::delta_head_step`: every row for one token, then
+//! the next token) and, on x86, rows-outer kernels that take each row through a whole run of
+//! tokens — held in registers on AVX-512 ([`avx512`]), in L1 on AVX2 ([`avx2`]) — doing the same
+//! arithmetic in the same order, which a unit test checks bit for bit.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -67,14 +70,21 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    let registers = crate::isa() >= crate::Isa::Avx512Vnni;
-    #[cfg(not(target_arch = "x86_64"))]
-    let registers = false;
-    run(shape, state_in, state_out, inp, out, snapshots, registers);
+    run(shape, state_in, state_out, inp, out, snapshots, true);
 }
 
-/// [`gated_delta_rule`], with the row-in-registers kernel allowed or not (tests compare both).
+/// How [`run`] goes through a head: every row for one token, then the next token (the
+/// token-by-token kernel); or each row through every token, held in registers (AVX-512, the
+/// row lengths [`avx512::supports`]) or in L1 (AVX2).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    TokenByToken,
+    InRegisters,
+    InL1,
+}
+
+/// [`gated_delta_rule`], with the rows-outer kernels allowed or not (tests compare both).
 fn run(
     shape: GdnShape,
     state_in: &[f32],
@@ -82,7 +92,7 @@ fn run(
     inp: GdnInputs<'_>,
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
-    registers: bool,
+    rows_outer: bool,
 ) {
     let GdnShape {
         n_k, n_v, d_k, d_v, ..
@@ -109,12 +119,17 @@ fn run(
         "gated_delta_rule: inputs shorter than {t_len} tokens"
     );
     #[cfg(target_arch = "x86_64")]
-    let rows_in_registers = registers && t_len > 0 && avx512::supports(d_k);
-    #[cfg(not(target_arch = "x86_64"))]
-    let rows_in_registers = {
-        let _ = registers; // no row kernel off x86
-        false
+    let rows = if !rows_outer || t_len == 0 {
+        Rows::TokenByToken
+    } else if crate::isa() >= crate::Isa::Avx512Vnni && avx512::supports(d_k) {
+        Rows::InRegisters
+    } else if crate::has_avx2() {
+        Rows::InL1
+    } else {
+        Rows::TokenByToken
     };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = rows_outer; // no rows-outer kernel off x86
     state_out
         .par_chunks_mut(head_len)
         .zip(state_in.par_chunks(head_len))
@@ -125,8 +140,8 @@ fn run(
             }
             let kh = shape.key_head(j);
             #[cfg(target_arch = "x86_64")]
-            if rows_in_registers {
-                let tok = avx512::HeadTokens {
+            if rows != Rows::TokenByToken {
+                let tok = HeadTokens {
                     n: t_len,
                     q: &inp.q[kh * d_k..],
                     k: &inp.k[kh * d_k..],
@@ -137,7 +152,7 @@ fn run(
                     beta: &inp.beta[j..],
                     gb_stride: n_v,
                 };
-                let outs = avx512::HeadOutputs {
+                let outs = HeadOutputs {
                     // SAFETY (both): offsets inside the buffers; head j writes only its part.
                     out: if want_out {
                         unsafe { out_ptr.add(j * d_v) }
@@ -149,9 +164,16 @@ fn run(
                     snap_stride: state_len,
                     snap_first,
                 };
-                // SAFETY: AVX-512F is part of the selected level; `supports(d_k)` checked;
-                // input lengths asserted above; outputs sized by the caller's contract.
-                unsafe { avx512::run(s_in, s, d_k, &tok, &outs) };
+                // SAFETY: the kernel's features are part of the selected level (and for the
+                // AVX-512 one `supports(d_k)` was checked); input lengths asserted above; outputs
+                // sized by the caller's contract.
+                unsafe {
+                    if rows == Rows::InRegisters {
+                        avx512::run(s_in, s, d_k, &tok, &outs)
+                    } else {
+                        avx2::run(s_in, s, d_k, &tok, &outs)
+                    }
+                };
                 return;
             }
             for t in 0..t_len {
@@ -173,6 +195,35 @@ fn run(
                 }
             }
         });
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Per-token inputs of one head, as strided views into the layer's token-major inputs:
+/// token `t`'s key is `k[t·qk_stride..][..d_k]`, its value for row `vi` is `v[t·v_stride + vi]`,
+/// its decay and β are `decay[t·gb_stride]`, `beta[t·gb_stride]`.
+struct HeadTokens<'a> {
+    pub n: usize,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub qk_stride: usize,
+    pub v: &'a [f32],
+    pub v_stride: usize,
+    pub decay: &'a [f32],
+    pub beta: &'a [f32],
+    pub gb_stride: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Where a run's per-token results go, as raw pointers (each head writes only its own part).
+struct HeadOutputs {
+    /// Output of token `t`, row `vi` at `out + t·out_stride + vi`; null for none.
+    pub out: *mut f32,
+    pub out_stride: usize,
+    /// State after token `t ≥ snap_first` at `snap + (t − snap_first)·snap_stride` (the head's
+    /// part of that snapshot slot); null for none.
+    pub snap: *mut f32,
+    pub snap_stride: usize,
+    pub snap_first: usize,
 }
 
 /// Owned per-token inputs of the recurrence (see [`GdnInputs`]).
@@ -299,15 +350,17 @@ mod tests {
         }
     }
 
-    /// The row-in-registers kernel (rows outer, tokens inner) must give the token-by-token
-    /// kernel's state, outputs and snapshots bit for bit: decode, verification batches and the
-    /// rollback replay may take either path depending on the row length.
+    /// The rows-outer kernel of this CPU's level (rows in registers on AVX-512 where the row
+    /// length allows, in L1 on AVX2) must give the token-by-token kernel's state, outputs and
+    /// snapshots bit for bit: decode, verification batches and the rollback replay take either
+    /// path depending on the level and the row length. (Run with `SPECD_ISA=avx2` too for the L1
+    /// kernel on an AVX-512 host; d_k = 40 always takes it there.)
     #[test]
-    fn rows_in_registers_equal_token_by_token() {
-        if crate::isa() < crate::Isa::Avx512Vnni {
+    fn rows_outer_equal_token_by_token() {
+        if !crate::has_avx2() {
             return; // only one kernel on this CPU: nothing to compare
         }
-        for d in [32, 64, 96, 128] {
+        for d in [32, 40, 64, 96, 128] {
             for (n_k, n_v, t_len, d_v) in [(2, 4, 1, d), (1, 2, 3, d + 1), (2, 2, 7, 5)] {
                 let shape = GdnShape {
                     n_k,
@@ -335,7 +388,7 @@ mod tests {
                 };
                 let first = t_len / 2;
                 let slots = t_len - first;
-                let go = |registers: bool| {
+                let go = |rows_outer: bool| {
                     let mut st = vec![0f32; shape.state_len()];
                     let mut out = vec![0f32; t_len * n_v * d_v];
                     let mut snap = vec![0f32; slots * shape.state_len()];
@@ -346,7 +399,7 @@ mod tests {
                         inp,
                         &mut out,
                         Some((&mut snap, first)),
-                        registers,
+                        rows_outer,
                     );
                     (st, out, snap)
                 };
