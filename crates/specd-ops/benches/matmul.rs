@@ -1,5 +1,5 @@
 //! Matmul kernel cost by batch width and kernel level, on one thread:
-//! `cargo bench -p specd-ops --bench matmul [-- hot [tiles] | -- stream]`.
+//! `cargo bench -p specd-ops --bench matmul [-- hot [tiles] [TYPE..] | -- stream]`.
 //!
 //! Prints the best-of-N time per call (the minimum is the figure least disturbed by other load on
 //! the machine) for a Qwen3.5-0.8B FFN-shaped matrix of every native quantised type, and each
@@ -134,6 +134,7 @@ fn streaming() {
         (&q, Isa::Avx2),
         (&q, Isa::Avx512Vnni),
         (&p, Isa::Avx512Vnni),
+        (&p, Isa::Avx2),
         (&q4k, Isa::Avx512Vnni),
         (&q6k, Isa::Avx512Vnni),
         (&q4k, Isa::Avx2),
@@ -203,6 +204,11 @@ fn main() {
     } else {
         &[1, 2, 4, 8, 12, 16, 32]
     };
+    // Any other argument names the types to time (by the start of their name: `q6_K`, `q8_0`).
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !["hot", "tiles", "stream", "--bench"].contains(&a.as_str()))
+        .collect();
     println!("matmul {rows}x{cols}, 1 thread, best of 15 (ms per call; × = vs 1 row)");
     for wt in [
         WeightType::Q8_0,
@@ -217,6 +223,9 @@ fn main() {
         WeightType::KR16(KFormat::Q2K),
         WeightType::KR16(KFormat::Q3K),
     ] {
+        if !only.is_empty() && !only.iter().any(|o| wt.name().starts_with(o.as_str())) {
+            continue;
+        }
         let w = match wt.interleaved_from() {
             Some(base) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),
             None => weight(wt, rows, cols),
