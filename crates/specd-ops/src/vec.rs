@@ -257,8 +257,9 @@ pub fn scale(a: f32, y: &mut [f32]) {
 ///
 /// Rounding is the same as [`dot`] plus separate multiply and add, so the SIMD and scalar paths
 /// of one machine agree with the unfused form. Every path of the recurrence runs through
-/// `delta_net::gated_delta_rule`, which uses this function or its AVX-512 row kernel (same
-/// arithmetic, tested to agree bit for bit): that is what keeps single-token and batched
+/// `delta_net::gated_delta_rule`, which uses this function or a rows-outer kernel (the AVX2 one
+/// built on [`delta_rows_avx2`], the AVX-512 one on the same arithmetic; tested to agree bit for
+/// bit): that is what keeps single-token and batched
 /// recurrences, and the rollback's replay, bit-identical.
 #[allow(clippy::too_many_arguments)]
 #[inline]

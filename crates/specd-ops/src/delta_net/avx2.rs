@@ -1,6 +1,6 @@
 //! AVX2 body of the recurrence for a run of tokens: rows outer, tokens inner, as in
 //! [`super::avx512`], with each row kept in L1 rather than in registers (a 128-float row alone
-//! would take all sixteen ymm registers), two rows in lockstep.
+//! would take all sixteen ymm registers), two rows in lockstep (`super::row_pairs`).
 //!
 //! The token-by-token kernel passes a head's whole state (64 KiB at d_k = d_v = 128, more than
 //! L1) through the cache for every token; here a verification batch or a rollback replay of `T`
@@ -24,25 +24,15 @@ pub(super) unsafe fn run(
     tok: &HeadTokens<'_>,
     o: &HeadOutputs,
 ) {
-    unsafe {
-        let d_v = dst.len() / d_k;
-        let pair_bytes = 2 * d_k * 4;
-        let ahead = |vi: usize| src.as_ptr().wrapping_add(vi * d_k) as *const u8;
-        let l2 = crate::prefetch::intel_l2();
-        crate::prefetch::slice(ahead(2), pair_bytes, 0, 1, l2);
-        let mut vi = 0;
-        // Two rows at a time, as the AVX-512 kernel does: each row's tokens form one dependency
-        // chain (the dot product feeds the update), so a second chain keeps the pipes busy.
-        while vi + 2 <= d_v {
-            // The pair after next comes from memory while this one runs its tokens.
-            crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1, l2);
-            rows::<2>(src, dst, d_k, vi, tok, o);
-            vi += 2;
+    let d_v = dst.len() / d_k;
+    // SAFETY: rows `vi..vi + n` exist (`row_pairs`); the rest is the caller's contract.
+    super::row_pairs(src, d_k, d_v, |vi, n| unsafe {
+        if n == 2 {
+            rows::<2>(src, dst, d_k, vi, tok, o)
+        } else {
+            rows::<1>(src, dst, d_k, vi, tok, o)
         }
-        if vi < d_v {
-            rows::<1>(src, dst, d_k, vi, tok, o);
-        }
-    }
+    });
 }
 
 /// Rows `vi0..vi0 + R` through every token of `tok`.

@@ -51,28 +51,16 @@ unsafe fn run_rows<const NB: usize>(
     tok: &HeadTokens<'_>,
     o: &HeadOutputs,
 ) {
-    unsafe {
-        let d_k = 32 * NB;
-        let d_v = dst.len() / d_k;
-        // The state of the two rows after next comes from memory while these two run their
-        // tokens: a run of several tokens keeps the core busy long enough that the out-of-order
-        // window no longer reaches the next rows' loads by itself (see `prefetch`).
-        let pair_bytes = 2 * d_k * 4;
-        let ahead = |vi: usize| src.as_ptr().wrapping_add(vi * d_k) as *const u8;
-        let l2 = crate::prefetch::intel_l2();
-        crate::prefetch::slice(ahead(2), pair_bytes, 0, 1, l2);
-        let mut vi = 0;
-        // Two rows at a time: each row's tokens form one dependency chain (the dot product
-        // feeds the update), so a second independent chain keeps the pipes busy.
-        while vi + 2 <= d_v {
-            crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1, l2);
-            rows::<NB, 2>(src, dst, vi, tok, o);
-            vi += 2;
+    let d_k = 32 * NB;
+    let d_v = dst.len() / d_k;
+    // SAFETY: rows `vi..vi + n` exist (`row_pairs`); the rest is the caller's contract.
+    super::row_pairs(src, d_k, d_v, |vi, n| unsafe {
+        if n == 2 {
+            rows::<NB, 2>(src, dst, vi, tok, o)
+        } else {
+            rows::<NB, 1>(src, dst, vi, tok, o)
         }
-        if vi < d_v {
-            rows::<NB, 1>(src, dst, vi, tok, o);
-        }
-    }
+    });
 }
 
 /// Sum of the four 8-lane accumulators held in `a` (acc0 | acc1) and `b` (acc2 | acc3), in

@@ -197,10 +197,34 @@ fn run(
         });
 }
 
+/// Drives a rows-outer kernel over a head's `d_v` state rows of `d_k` (read from `src`):
+/// `rows(vi, 2)` for rows `vi, vi + 1`, then `rows(vi, 1)` for an odd last row. Two rows at a time because each
+/// row's tokens form one dependency chain (the dot product feeds the update), so a second
+/// independent chain keeps the pipes busy; the state of the pair after next is prefetched while a
+/// pair runs its tokens, since a run of several tokens keeps the core busy long enough that the
+/// out-of-order window no longer reaches the next rows' loads by itself (see `prefetch`).
 #[cfg(target_arch = "x86_64")]
-/// Per-token inputs of one head, as strided views into the layer's token-major inputs:
-/// token `t`'s key is `k[t·qk_stride..][..d_k]`, its value for row `vi` is `v[t·v_stride + vi]`,
-/// its decay and β are `decay[t·gb_stride]`, `beta[t·gb_stride]`.
+#[inline(always)]
+fn row_pairs(src: &[f32], d_k: usize, d_v: usize, mut rows: impl FnMut(usize, usize)) {
+    let pair_bytes = 2 * d_k * 4;
+    let ahead = |vi: usize| src.as_ptr().wrapping_add(vi * d_k) as *const u8;
+    let l2 = crate::prefetch::intel_l2();
+    crate::prefetch::slice(ahead(2), pair_bytes, 0, 1, l2);
+    let mut vi = 0;
+    while vi + 2 <= d_v {
+        crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1, l2);
+        rows(vi, 2);
+        vi += 2;
+    }
+    if vi < d_v {
+        rows(vi, 1);
+    }
+}
+
+/// Per-token inputs of one head for the rows-outer kernels, as strided views into the layer's
+/// token-major inputs: token `t`'s key is `k[t·qk_stride..][..d_k]`, its value for row `vi` is
+/// `v[t·v_stride + vi]`, its decay and β are `decay[t·gb_stride]`, `beta[t·gb_stride]`.
+#[cfg(target_arch = "x86_64")]
 struct HeadTokens<'a> {
     pub n: usize,
     pub q: &'a [f32],
@@ -213,8 +237,9 @@ struct HeadTokens<'a> {
     pub gb_stride: usize,
 }
 
+/// Where a rows-outer run's per-token results go, as raw pointers (each head writes only its
+/// own part).
 #[cfg(target_arch = "x86_64")]
-/// Where a run's per-token results go, as raw pointers (each head writes only its own part).
 struct HeadOutputs {
     /// Output of token `t`, row `vi` at `out + t·out_stride + vi`; null for none.
     pub out: *mut f32,

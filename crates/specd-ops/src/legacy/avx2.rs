@@ -115,11 +115,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
                 }
             }
         }
-        for (h, acc) in acc.iter().enumerate() {
-            for r in 0..R {
-                _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
-            }
-        }
+        crate::matmul::store_halves(&acc, out, ostride);
     }
 }
 

@@ -170,6 +170,26 @@ pub unsafe fn dot_float<const R: usize>(
     }
 }
 
+/// Writes an AVX2 group kernel's results: row `r`'s 16 outputs (half 0's eight, then half 1's)
+/// at `out + r·ostride`.
+///
+/// # Safety
+/// AVX must be available; `out` covers `(R − 1)·ostride + 16` floats.
+#[inline(always)]
+pub(crate) unsafe fn store_halves<const R: usize>(
+    acc: &[[__m256; R]; 2],
+    out: *mut f32,
+    ostride: usize,
+) {
+    unsafe {
+        for (h, acc) in acc.iter().enumerate() {
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(r * ostride + 8 * h), *a);
+            }
+        }
+    }
+}
+
 /// How one 16-row interleaved type (see [`crate::pack`]) feeds the AVX2 group kernel.
 pub trait GroupBlock {
     /// Bytes of one group block.
@@ -395,11 +415,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
                 }
             }
         }
-        for (h, acc) in acc.iter().enumerate() {
-            for r in 0..R {
-                _mm256_storeu_ps(out.add(r * ostride + 8 * h), acc[r]);
-            }
-        }
+        store_halves(&acc, out, ostride);
     }
 }
 

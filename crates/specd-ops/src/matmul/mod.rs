@@ -11,6 +11,8 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::store_halves;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod scalar;
 
