@@ -70,8 +70,10 @@ pub struct DecodeOutput {
     /// Batch row index of each output.
     pub rows: Vec<usize>,
     pub n_vocab: usize,
-    /// `rows.len() × n_vocab`.
-    pub logits: Vec<f32>,
+    /// `rows.len() × n_vocab` values, then possibly more: kept from an earlier, wider batch
+    /// for reuse ([`crate::Model::decode_into`]). Read through [`DecodeOutput::logits`],
+    /// [`DecodeOutput::all_logits`].
+    pub(crate) logits: Vec<f32>,
     pub n_embd: usize,
     /// With [`Batch::want_hidden`]: the normed final hidden state of **every** batch row
     /// (`batch.len() × n_embd`, in batch-row order).
@@ -79,6 +81,15 @@ pub struct DecodeOutput {
 }
 
 impl DecodeOutput {
+    /// The logits of every output, row after row (`len() × n_vocab`).
+    pub fn all_logits(&self) -> &[f32] {
+        &self.logits[..self.rows.len() * self.n_vocab]
+    }
+    /// [`DecodeOutput::all_logits`], owned.
+    pub fn into_logits(mut self) -> Vec<f32> {
+        self.logits.truncate(self.rows.len() * self.n_vocab);
+        self.logits
+    }
     /// Logits of output `i` (the i-th row that asked for logits).
     pub fn logits(&self, i: usize) -> &[f32] {
         &self.logits[i * self.n_vocab..(i + 1) * self.n_vocab]

@@ -47,7 +47,7 @@ pub struct Model {
     rope: Rope,
     tokenizer: Tokenizer,
     /// Compute threads; shared with another model by [`Model::share_threads`].
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<specd_ops::pool::Pool>,
     opts: ModelOptions,
     /// Bytes of weights as the kernels hold them (mapped, repacked or converted).
     weight_bytes: usize,
@@ -92,10 +92,7 @@ impl Model {
         } else {
             opts.n_threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n_threads)
-            .thread_name(|i| format!("specd-compute-{i}"))
-            .build()
+        let pool = specd_ops::pool::Pool::new(n_threads)
             .map(Arc::new)
             .map_err(|e| ModelError::Invalid(format!("thread pool: {e}")))?;
         let weight_bytes = l.loaded_bytes();
@@ -130,7 +127,7 @@ impl Model {
         &self.tokenizer
     }
     /// Runs this model on `other`'s compute threads instead of its own: a draft model and its
-    /// target never compute at once, and two pools on the same cores would compete — a rayon
+    /// target never compute at once, and two pools on the same cores would compete — a
     /// worker spins for a while after its work ends before it sleeps, so each switch between
     /// the models would briefly put twice as many busy threads as cores.
     pub fn share_threads(mut self, other: &Model) -> Self {
@@ -139,7 +136,7 @@ impl Model {
     }
     /// Compute threads.
     pub fn n_threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.n_threads()
     }
     /// Bytes of weights as held in memory for the kernels (mapped, repacked or converted).
     pub fn weight_bytes(&self) -> usize {
@@ -213,20 +210,35 @@ impl Model {
         batch: &Batch,
         on_chunk: &mut dyn FnMut(usize),
     ) -> Result<DecodeOutput, ModelError> {
+        let mut out = DecodeOutput::default();
+        self.decode_into(mem, batch, &mut out, on_chunk)?;
+        Ok(out)
+    }
+
+    /// [`Model::decode_with`] into `out`, whose previous contents are replaced. Its buffers are
+    /// reused: a caller that decodes step after step with the same `out` saves a verification
+    /// batch's logits (megabytes) from being allocated and zeroed every step — the LM head
+    /// writes every value, so the buffer of the widest batch so far is written over as it is.
+    pub fn decode_into(
+        &self,
+        mem: &mut Memory,
+        batch: &Batch,
+        out: &mut DecodeOutput,
+        on_chunk: &mut dyn FnMut(usize),
+    ) -> Result<(), ModelError> {
+        out.rows.clear();
+        out.hidden.clear();
+        out.n_vocab = self.cfg.n_vocab;
+        out.n_embd = self.cfg.n_embd;
         self.validate(mem, batch)?;
-        let mut out = DecodeOutput {
-            n_vocab: self.cfg.n_vocab,
-            n_embd: self.cfg.n_embd,
-            ..Default::default()
-        };
         let ub = self.opts.n_ubatch;
         for start in (0..batch.rows.len()).step_by(ub) {
             let end = (start + ub).min(batch.rows.len());
             self.pool
-                .install(|| self.forward(mem, batch, start, end, &mut out))?;
+                .install(|| self.forward(mem, batch, start, end, out))?;
             on_chunk(end);
         }
-        Ok(out)
+        Ok(())
     }
 
     fn validate(&self, mem: &Memory, batch: &Batch) -> Result<(), ModelError> {
@@ -335,16 +347,24 @@ impl Model {
         rms_norm_rows(&xs, &self.output_norm, self.cfg.eps, &mut hn);
         // The LM head writes straight into the output: a verification batch's logits are
         // megabytes (rows × vocabulary), and a second buffer plus a copy cost as much as a
-        // small matmul.
+        // small matmul. The buffer grows only where it is too short (see `decode_into`).
         let len = want.len() * self.cfg.n_vocab;
-        let base = out.logits.len();
-        if base == 0 {
-            // Zeroed memory from the allocator (fresh pages are zero) instead of a pass over it.
-            out.logits = vec![0f32; len];
-        } else {
-            out.logits.resize(base + len, 0.0);
+        let base = out.rows.len() * self.cfg.n_vocab;
+        if out.logits.len() < base + len {
+            if base == 0 && out.logits.capacity() < len {
+                // A new buffer: zeroed memory from the allocator (fresh pages are zero) rather
+                // than a pass over it.
+                out.logits = vec![0f32; len];
+            } else {
+                out.logits.resize(base + len, 0.0);
+            }
         }
-        matmul(&hn, want.len(), &self.output, &mut out.logits[base..])?;
+        matmul(
+            &hn,
+            want.len(),
+            &self.output,
+            &mut out.logits[base..base + len],
+        )?;
         out.rows.extend(want.iter().map(|i| i + start));
         Ok(())
     }
@@ -487,7 +507,7 @@ impl Model {
         &self.rope
     }
     /// Runs `f` inside this model's compute pool.
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+    pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
         self.pool.install(f)
     }
 }

@@ -34,7 +34,7 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
     });
     m.decode(&mut mem, &Batch::from_tokens(tokens, 0, 0, true))
         .unwrap()
-        .logits
+        .into_logits()
 }
 
 /// Copies `src` with each block's `ffn_gate_exps` and `ffn_up_exps` merged into one
@@ -309,7 +309,7 @@ fn k_quant_experts_give_one_row_the_bits_of_a_batch() {
         let one = m
             .decode(&mut mem, &Batch::from_tokens(&[t], i as u32, 0, true))
             .unwrap()
-            .logits;
+            .into_logits();
         assert!(
             one == batched[i * nv..(i + 1) * nv],
             "position {i}: one-row logits differ from the batch's"

@@ -10,6 +10,13 @@ use specd_ops::delta_net::{gated_delta_rule, GdnInputs, GdnShape};
 use std::time::Instant;
 
 fn main() {
+    // On a compute pool of one thread per CPU, as a model runs its kernels.
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pool = specd_ops::pool::Pool::new(n).expect("pool");
+    pool.install(run);
+}
+
+fn run() {
     let shape = GdnShape {
         n_k: 16,
         n_v: 16,
@@ -38,7 +45,7 @@ fn main() {
         shape.n_v,
         shape.d_v,
         shape.d_k,
-        rayon::current_num_threads()
+        specd_ops::parallel::n_threads()
     );
     let mut line = String::new();
     let mut base = 0.0;

@@ -111,22 +111,22 @@ fn streaming() {
     // The floor: every thread sums its share of the bytes as u64 words.
     let bytes = q.bytes();
     let read = best_of(7, &mut || {
-        use rayon::prelude::*;
-        let s: u64 = bytes
-            .par_chunks(1 << 20)
-            .map(|c| {
-                c.chunks_exact(64)
-                    .map(|l| u64::from_le_bytes(l[..8].try_into().unwrap_or([0; 8])))
-                    .fold(0u64, u64::wrapping_add)
-            })
-            .reduce(|| 0, u64::wrapping_add);
-        std::hint::black_box(s);
+        let sum = std::sync::atomic::AtomicU64::new(0);
+        specd_ops::parallel::for_each(bytes.len().div_ceil(1 << 20), |i| {
+            let c = &bytes[i << 20..((i + 1) << 20).min(bytes.len())];
+            let s = c
+                .chunks_exact(64)
+                .map(|l| u64::from_le_bytes(l[..8].try_into().unwrap_or([0; 8])))
+                .fold(0u64, u64::wrapping_add);
+            sum.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        std::hint::black_box(sum);
     });
     println!(
         "stream {rows}x{cols} plain read: {:.2} ms, {:.1} GB/s ({} threads)",
         read * 1e3,
         bytes.len() as f64 / read / 1e9,
-        rayon::current_num_threads()
+        specd_ops::parallel::n_threads()
     );
     let q4k = weight(WeightType::KR16(KFormat::Q4K), rows, cols);
     let q6k = weight(WeightType::KR16(KFormat::Q6K), rows, cols);
@@ -187,17 +187,19 @@ fn main() {
     // `-- hot`: the in-cache table only; `-- stream`: the streaming tables only.
     let arg = |name: &str| std::env::args().any(|a| a == name);
     if !arg("hot") {
-        streaming();
-        layer_streaming();
+        // On a compute pool of one thread per CPU, as a model runs its kernels.
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pool = specd_ops::pool::Pool::new(n).expect("pool");
+        pool.install(|| {
+            streaming();
+            layer_streaming();
+        });
     }
     if arg("stream") {
         return;
     }
     let (rows, cols) = (3584, 1024);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("pool");
+    let pool = specd_ops::pool::Pool::new(1).expect("pool");
     // `-- hot tiles`: every tile height of the SIMD kernels (1..=8 rows) instead.
     let widths: &[usize] = if std::env::args().any(|a| a == "tiles") {
         &[1, 2, 3, 4, 5, 6, 7, 8]

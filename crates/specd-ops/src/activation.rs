@@ -51,12 +51,29 @@ impl Op {
     }
 }
 
-/// Runs `op` over `a` (with `b`, as long as `a`, where the op has a second operand): the
-/// AVX-512 or AVX2 body where the CPU has one, else the scalar formula.
+/// Runs `op` over `a` (with `b`, as long as `a`, where the op has a second operand), split over
+/// the threads when it is long (a verification batch's FFN: rows × n_ff values; one row stays on
+/// its thread). The pieces are multiples of 64 values, so every value goes through the same body
+/// (vector or tail) as in one call, and gets the same bits.
 fn apply(a: &mut [f32], b: Option<&[f32]>, op: Op) {
     if let Some(b) = b {
         assert_eq!(a.len(), b.len());
     }
+    const PARALLEL_FROM: usize = 8192;
+    let len = a.len();
+    if len < PARALLEL_FROM || crate::parallel::n_threads() == 1 {
+        return apply_on(a, b, op);
+    }
+    let chunk = crate::parallel::chunk_len(len, 64, 2048);
+    crate::parallel::for_each_piece_mut(a, chunk, |i, a| {
+        let s = i * chunk;
+        apply_on(a, b.map(|b| &b[s..s + a.len()]), op);
+    });
+}
+
+/// [`apply`] on one thread: the AVX-512 or AVX2 body where the CPU has one, else the scalar
+/// formula.
+fn apply_on(a: &mut [f32], b: Option<&[f32]>, op: Op) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa() >= crate::Isa::Avx512Vnni {
         // SAFETY: AVX-512 detected; `b`, when given, is as long as `a` (asserted above).

@@ -11,7 +11,6 @@
 
 use crate::parallel::SyncPtr;
 use crate::vec::{axpy_rows, dot_kv, KvElem};
-use rayon::prelude::*;
 
 /// Head layout of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +59,7 @@ pub fn attention<K: KvElem, V: KvElem>(
     let chunk = (per_kv * n_kv).div_ceil(threads).clamp(1, MAX_QUERIES);
     let chunks_per_kv = per_kv.div_ceil(chunk);
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    (0..n_kv * chunks_per_kv).into_par_iter().for_each(|unit| {
+    crate::parallel::for_each(n_kv * chunks_per_kv, |unit| {
         let (kvh, c) = (unit / chunks_per_kv, unit % chunks_per_kv);
         let queries: Vec<(usize, usize)> = (c * chunk..((c + 1) * chunk).min(per_kv))
             .map(|i| (i / group, kvh * group + i % group))

@@ -39,6 +39,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pack;
 pub mod parallel;
+pub mod pool;
 mod prefetch;
 pub mod quant;
 pub mod rope;

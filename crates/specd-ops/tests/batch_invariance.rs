@@ -326,10 +326,7 @@ fn attention_is_independent_of_work_split() {
         })
         .collect();
     for threads in [1, 2, 3, 7] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("thread pool");
+        let pool = specd_ops::pool::Pool::new(threads).expect("thread pool");
         for &(a, b) in &[(0, t_len), (3, 4), (5, 9), (20, t_len)] {
             let mut all = vec![0f32; (b - a) * q_row];
             pool.install(|| {

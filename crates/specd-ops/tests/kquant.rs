@@ -248,7 +248,7 @@ proptest! {
         let alone = &x[i * cols..(i + 1) * cols];
         let mut first: Option<Vec<f32>> = None;
         for isa in levels() {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = specd_ops::pool::Pool::new(threads).unwrap();
             let (mut batch, mut one) = (vec![0f32; n * rows], vec![0f32; rows]);
             pool.install(|| {
                 matmul_with(isa, &x, n, &p, &mut batch).unwrap();

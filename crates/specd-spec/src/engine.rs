@@ -11,7 +11,7 @@ use crate::rollback::{rollback_rejected, RolledBack};
 use crate::stats::SpecStats;
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
-use specd_models::{Batch, Model};
+use specd_models::{Batch, DecodeOutput, Model};
 use specd_output::TextStage;
 use specd_sampling::{GrammarSpec, GrammarVocab, ReasoningBudget, Sampler, SamplerParams, Verdict};
 use std::collections::BTreeMap;
@@ -290,6 +290,9 @@ pub struct Engine {
     /// Prompt reuse: what finished sequences keep, and the RAM cache (see
     /// [`Engine::set_prompt_cache`]).
     reuse: PromptReuse,
+    /// The rounds' decode output, kept so that its logits buffer is reused
+    /// ([`Model::decode_into`]).
+    out: DecodeOutput,
 }
 
 impl Engine {
@@ -318,6 +321,7 @@ impl Engine {
             rollback,
             grammar_vocab: OnceLock::new(),
             reuse: PromptReuse::default(),
+            out: DecodeOutput::default(),
         }
     }
 
@@ -823,15 +827,19 @@ impl Engine {
         batch.want_hidden = plan.iter().any(|pl| self.seqs[&pl.id].chain.wants_hidden());
         let h = self.model.config().n_embd;
         let t0 = Instant::now();
-        let out = match self.model.decode(&mut self.mem, &batch) {
-            Ok(o) => {
+        let mut out = std::mem::take(&mut self.out);
+        match self
+            .model
+            .decode_into(&mut self.mem, &batch, &mut out, &mut |_| {})
+        {
+            Ok(()) => {
                 if plan.len() == 1 {
                     self.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
                 }
                 self.report_prompt_done(&plan, on_progress);
-                o
             }
             Err(_) => {
+                self.out = out;
                 // Fail only the sequences whose rows cannot be decoded: retry each alone.
                 let mut outs = Vec::new();
                 for pl in plan {
@@ -864,6 +872,7 @@ impl Engine {
             row += n;
             self.accept(&pl, &logits, hidden, events);
         }
+        self.out = out;
     }
 
     /// Reports the prompt of each planned sequence in its first round as fully processed: the

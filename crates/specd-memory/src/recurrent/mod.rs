@@ -142,14 +142,13 @@ impl GdnLayerIo<'_> {
             );
             None
         };
-        rec.finish(
-            self.mode,
-            &lay,
-            base,
-            pre_conv,
-            &mixed[s * c..],
-            inputs.range_owned(shape, s, t_len),
-        );
+        // The window's inputs: all of them (moved, not copied) unless tokens came before it.
+        let kept = if s == 0 {
+            inputs
+        } else {
+            inputs.range_owned(shape, s, t_len)
+        };
+        rec.finish(self.mode, &lay, base, pre_conv, &mixed[s * c..], kept);
         out
     }
 }

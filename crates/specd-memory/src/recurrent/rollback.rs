@@ -91,7 +91,9 @@ impl LayerRecord {
         let n = mixed.len() / c;
         match mode {
             RollbackMode::Replay => {
-                self.mixed = mixed.to_vec();
+                // Into the record's own buffer: no allocation once it has held a batch this wide.
+                self.mixed.clear();
+                self.mixed.extend_from_slice(mixed);
                 self.inputs = inputs;
             }
             RollbackMode::Snapshot => {

@@ -35,7 +35,7 @@ impl HybridConfig {
             inner: g.get_u32(&p("ssm.inner_size"))? as usize,
             tiled: true,
         };
-        if ssm.conv_kernel < 2
+        if !(2..=specd_ops::conv::MAX_K).contains(&ssm.conv_kernel)
             || ssm.n_group == 0
             || ssm.n_v_heads == 0
             || !ssm.n_v_heads.is_multiple_of(ssm.n_group)

@@ -116,8 +116,8 @@ impl Attention {
         let mut o = vec![0f32; n * qd];
         let scale = 1.0 / (d_head as f32).sqrt();
         for g in groups {
-            let mut qs = gather(&q, qd, &g.rows);
-            let mut ks = gather(&k, kvd, &g.rows);
+            let mut qs = gather(&q, qd, &g.rows).into_owned();
+            let mut ks = gather(&k, kvd, &g.rows).into_owned();
             let vs = gather(&v, kvd, &g.rows);
             for (j, &pos) in g.positions.iter().enumerate() {
                 rope.apply_heads(&mut qs[j * qd..(j + 1) * qd], d_head, pos);

@@ -158,11 +158,13 @@ impl GatedDeltaNet {
                 .forward(&self.conv, &ms, &als, &bs, gates);
             scatter(&o, inner, &g.rows, &mut y);
         }
-        // Gated RMSNorm per value head: rms(o_j; w) ⊙ silu(z_j).
-        for yh in y.chunks_exact_mut(dv) {
-            rms_norm_inplace(yh, &self.norm, self.eps);
-        }
-        mul_silu_inplace(&mut y, &z);
+        // Gated RMSNorm per value head: rms(o_j; w) ⊙ silu(z_j), rows split over the threads.
+        specd_ops::parallel::for_each_piece_mut(&mut y, inner, |r, yr| {
+            for yh in yr.chunks_exact_mut(dv) {
+                rms_norm_inplace(yh, &self.norm, self.eps);
+            }
+            mul_silu_inplace(yr, &z[r * inner..(r + 1) * inner]);
+        });
         let mut out = vec![0f32; n * self.out.rows];
         matmul(&y, n, &self.out, &mut out)?;
         Ok(out)

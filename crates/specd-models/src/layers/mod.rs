@@ -9,6 +9,7 @@ pub mod moe;
 pub mod mtp;
 
 use specd_memory::SeqId;
+use std::borrow::Cow;
 
 /// The rows of one sequence within a batch, in position order.
 #[derive(Debug, Clone)]
@@ -20,13 +21,17 @@ pub struct SeqRows {
     pub positions: Vec<u32>,
 }
 
-/// Copies rows `idx` of a row-major `n × d` matrix into a contiguous `idx.len() × d` matrix.
-pub fn gather(src: &[f32], d: usize, idx: &[usize]) -> Vec<f32> {
+/// Rows `idx` of a row-major `n × d` matrix as a contiguous `idx.len() × d` matrix: `src`
+/// itself when `idx` is all of its rows in order (a batch of one sequence), else a copy.
+pub fn gather<'a>(src: &'a [f32], d: usize, idx: &[usize]) -> Cow<'a, [f32]> {
+    if idx.len() * d == src.len() && idx.iter().enumerate().all(|(j, &i)| i == j) {
+        return Cow::Borrowed(src);
+    }
     let mut out = Vec::with_capacity(idx.len() * d);
     for &i in idx {
         out.extend_from_slice(&src[i * d..(i + 1) * d]);
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Writes the rows of `src` (`idx.len() × d`) to rows `idx` of `dst`.

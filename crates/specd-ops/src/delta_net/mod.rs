@@ -15,7 +15,6 @@ mod avx512;
 
 use crate::parallel::SyncPtr;
 use crate::vec::delta_head_step;
-use rayon::prelude::*;
 
 /// Head layout of one Gated DeltaNet layer.
 #[derive(Debug, Clone, Copy)]
@@ -130,71 +129,75 @@ fn run(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = rows_outer; // no rows-outer kernel off x86
-    state_out
-        .par_chunks_mut(head_len)
-        .zip(state_in.par_chunks(head_len))
-        .enumerate()
-        .for_each(|(j, (s, s_in))| {
-            if t_len == 0 {
-                s.copy_from_slice(s_in);
-            }
-            let kh = shape.key_head(j);
-            #[cfg(target_arch = "x86_64")]
-            if rows != Rows::TokenByToken {
-                let tok = HeadTokens {
-                    n: t_len,
-                    q: &inp.q[kh * d_k..],
-                    k: &inp.k[kh * d_k..],
-                    qk_stride: n_k * d_k,
-                    v: &inp.v[j * d_v..],
-                    v_stride: n_v * d_v,
-                    decay: &inp.decay[j..],
-                    beta: &inp.beta[j..],
-                    gb_stride: n_v,
-                };
-                let outs = HeadOutputs {
-                    // SAFETY (both): offsets inside the buffers; head j writes only its part.
-                    out: if want_out {
-                        unsafe { out_ptr.add(j * d_v) }
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                    out_stride: n_v * d_v,
-                    snap: snap_ptr.map_or(std::ptr::null_mut(), |p| unsafe { p.add(j * head_len) }),
-                    snap_stride: state_len,
-                    snap_first,
-                };
-                // SAFETY: the kernel's features are part of the selected level (and for the
-                // AVX-512 one `supports(d_k)` was checked); input lengths asserted above; outputs
-                // sized by the caller's contract.
-                unsafe {
-                    if rows == Rows::InRegisters {
-                        avx512::run(s_in, s, d_k, &tok, &outs)
-                    } else {
-                        avx2::run(s_in, s, d_k, &tok, &outs)
-                    }
-                };
-                return;
-            }
-            for t in 0..t_len {
-                let q = &inp.q[(t * n_k + kh) * d_k..][..d_k];
-                let k = &inp.k[(t * n_k + kh) * d_k..][..d_k];
-                let v = &inp.v[(t * n_v + j) * d_v..][..d_v];
-                let g = inp.decay[t * n_v + j];
-                let b = inp.beta[t * n_v + j];
-                // SAFETY: outputs (t, j, ·) are written by this head's task only.
-                let o = want_out.then(|| unsafe { out_ptr.slice_mut((t * n_v + j) * d_v, d_v) });
-                // The first token reads the input state directly (no copy into `s` first).
-                let from = (t == 0).then_some(s_in);
-                delta_head_step(from, s, d_k, g, b, k, v, q, o);
-                if let (Some(sp), true) = (snap_ptr, t >= snap_first) {
-                    let slot = t - snap_first;
-                    // SAFETY: head j's slice of each snapshot belongs to this task only.
-                    let dst = unsafe { sp.slice_mut(slot * state_len + j * head_len, head_len) };
-                    dst.copy_from_slice(s);
+    assert!(
+        state_out.len() == n_v * head_len && state_in.len() == n_v * head_len,
+        "gated_delta_rule: state is not {n_v} heads of {head_len}"
+    );
+    let state_ptr = SyncPtr(state_out.as_mut_ptr());
+    crate::parallel::for_each(n_v, |j| {
+        // SAFETY: head j's slice of the output state belongs to this item only.
+        let s = unsafe { state_ptr.slice_mut(j * head_len, head_len) };
+        let s_in = &state_in[j * head_len..(j + 1) * head_len];
+        if t_len == 0 {
+            s.copy_from_slice(s_in);
+        }
+        let kh = shape.key_head(j);
+        #[cfg(target_arch = "x86_64")]
+        if rows != Rows::TokenByToken {
+            let tok = HeadTokens {
+                n: t_len,
+                q: &inp.q[kh * d_k..],
+                k: &inp.k[kh * d_k..],
+                qk_stride: n_k * d_k,
+                v: &inp.v[j * d_v..],
+                v_stride: n_v * d_v,
+                decay: &inp.decay[j..],
+                beta: &inp.beta[j..],
+                gb_stride: n_v,
+            };
+            let outs = HeadOutputs {
+                // SAFETY (both): offsets inside the buffers; head j writes only its part.
+                out: if want_out {
+                    unsafe { out_ptr.add(j * d_v) }
+                } else {
+                    std::ptr::null_mut()
+                },
+                out_stride: n_v * d_v,
+                snap: snap_ptr.map_or(std::ptr::null_mut(), |p| unsafe { p.add(j * head_len) }),
+                snap_stride: state_len,
+                snap_first,
+            };
+            // SAFETY: the kernel's features are part of the selected level (and for the
+            // AVX-512 one `supports(d_k)` was checked); input lengths asserted above; outputs
+            // sized by the caller's contract.
+            unsafe {
+                if rows == Rows::InRegisters {
+                    avx512::run(s_in, s, d_k, &tok, &outs)
+                } else {
+                    avx2::run(s_in, s, d_k, &tok, &outs)
                 }
+            };
+            return;
+        }
+        for t in 0..t_len {
+            let q = &inp.q[(t * n_k + kh) * d_k..][..d_k];
+            let k = &inp.k[(t * n_k + kh) * d_k..][..d_k];
+            let v = &inp.v[(t * n_v + j) * d_v..][..d_v];
+            let g = inp.decay[t * n_v + j];
+            let b = inp.beta[t * n_v + j];
+            // SAFETY: outputs (t, j, ·) are written by this head's task only.
+            let o = want_out.then(|| unsafe { out_ptr.slice_mut((t * n_v + j) * d_v, d_v) });
+            // The first token reads the input state directly (no copy into `s` first).
+            let from = (t == 0).then_some(s_in);
+            delta_head_step(from, s, d_k, g, b, k, v, q, o);
+            if let (Some(sp), true) = (snap_ptr, t >= snap_first) {
+                let slot = t - snap_first;
+                // SAFETY: head j's slice of each snapshot belongs to this task only.
+                let dst = unsafe { sp.slice_mut(slot * state_len + j * head_len, head_len) };
+                dst.copy_from_slice(s);
             }
-        });
+        }
+    });
 }
 
 /// Drives a rows-outer kernel over a head's `d_v` state rows of `d_k` (read from `src`):

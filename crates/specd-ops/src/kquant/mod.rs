@@ -558,16 +558,27 @@ impl KActs {
             cols,
             nbk,
         };
-        // Rows are independent: a prompt's rows are quantised in parallel; below 16 Ki values a
-        // batch is one task, run inline (a thread hand-off costs more than quantising it).
-        x.par_chunks_exact(cols)
-            .take(n)
-            .zip(a.q.par_chunks_exact_mut(cols))
-            .zip(a.d.par_chunks_exact_mut(nbk))
-            .zip(a.bs16.par_chunks_exact_mut(16 * nbk))
-            .zip(a.bs32.par_chunks_exact_mut(8 * nbk))
-            .with_min_len((16 * 1024 / cols.max(1)).max(1))
-            .for_each(|((((x, q), d), b16), b32)| quantize_row_k(x, q, d, b16, b32));
+        // Rows are independent and quantised in parallel, at least `parallel::MIN_TASK_VALUES`
+        // values a task: a one-row step's input is one task, run inline.
+        assert!(
+            x.len() >= n * cols,
+            "KActs: {n} rows of {cols} need more values"
+        );
+        let (q, d) = (SyncPtr(a.q.as_mut_ptr()), SyncPtr(a.d.as_mut_ptr()));
+        let (b16, b32) = (SyncPtr(a.bs16.as_mut_ptr()), SyncPtr(a.bs32.as_mut_ptr()));
+        crate::parallel::for_each_min(n, crate::parallel::rows_per_task(cols), |r| {
+            // SAFETY: row r's slices of the four buffers (sized for n rows above) are this
+            // item's only.
+            let (q, d, b16, b32) = unsafe {
+                (
+                    q.slice_mut(r * cols, cols),
+                    d.slice_mut(r * nbk, nbk),
+                    b16.slice_mut(r * 16 * nbk, 16 * nbk),
+                    b32.slice_mut(r * 8 * nbk, 8 * nbk),
+                )
+            };
+            quantize_row_k(&x[r * cols..(r + 1) * cols], q, d, b16, b32);
+        });
         a
     }
 }

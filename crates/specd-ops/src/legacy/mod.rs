@@ -315,21 +315,31 @@ impl LegacyActs {
             cols,
             nb,
         };
-        // Rows are independent: a prompt's rows are quantised in parallel; a small batch is one
-        // task run inline (a thread hand-off costs more than quantising it).
-        x.par_chunks_exact(cols.max(1))
-            .take(n)
-            .zip(a.q.par_chunks_exact_mut(cols.max(1)))
-            .zip(a.d.par_chunks_exact_mut(nb.max(1)))
-            .zip(a.c.par_chunks_exact_mut(nb.max(1)))
-            .zip(a.s.par_chunks_exact_mut(nb.max(1)))
-            .with_min_len((16 * 1024 / cols.max(1)).max(1))
-            .for_each(|((((x, q), d), c), s)| {
-                quantize_row_i8s(x, q, d, c);
-                for ((s, xs), &c) in s.iter_mut().zip(x.chunks_exact(QK)).zip(c.iter()) {
-                    *s = block_sum_term(xs, c);
-                }
-            });
+        // Rows are independent and quantised in parallel, at least `parallel::MIN_TASK_VALUES`
+        // values a task: a one-row step's input is one task, run inline.
+        assert!(
+            x.len() >= n * cols,
+            "LegacyActs: {n} rows of {cols} need more values"
+        );
+        let (q, d) = (SyncPtr(a.q.as_mut_ptr()), SyncPtr(a.d.as_mut_ptr()));
+        let (c, s) = (SyncPtr(a.c.as_mut_ptr()), SyncPtr(a.s.as_mut_ptr()));
+        crate::parallel::for_each_min(n, crate::parallel::rows_per_task(cols), |r| {
+            // SAFETY: row r's slices of the four buffers (sized for n rows above) are this
+            // item's only.
+            let (q, d, c, s) = unsafe {
+                (
+                    q.slice_mut(r * cols, cols),
+                    d.slice_mut(r * nb, nb),
+                    c.slice_mut(r * nb, nb),
+                    s.slice_mut(r * nb, nb),
+                )
+            };
+            let x = &x[r * cols..(r + 1) * cols];
+            quantize_row_i8s(x, q, d, c);
+            for ((s, xs), &c) in s.iter_mut().zip(x.chunks_exact(QK)).zip(c.iter()) {
+                *s = block_sum_term(xs, c);
+            }
+        });
         a
     }
 }

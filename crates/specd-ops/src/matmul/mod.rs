@@ -23,7 +23,6 @@ use crate::parallel::{chunk_len, SyncPtr};
 use crate::quant::{quantize_row_i8s, quantize_row_q8, quantize_row_u8, u8_scales_len, BlockQ8};
 use crate::weight::{Weight, WeightType};
 use crate::{Isa, OpsError};
-use rayon::prelude::*;
 
 /// Calls `$go!($ty, R)` with the tile height `$t` (1..=8, [`TILE`]) as a constant, so that each
 /// kernel is compiled for every tile height.
@@ -217,7 +216,7 @@ where
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let chunk = chunk_len(rows, 4, 16);
     let n_chunks = rows.div_ceil(chunk);
-    (0..n_chunks).into_par_iter().for_each(|c| {
+    crate::parallel::for_each(n_chunks, |c| {
         let o0 = c * chunk;
         let o1 = (o0 + chunk).min(rows);
         let mut idx = [0usize; TILE];
@@ -347,7 +346,8 @@ where
         items.extend((0..n_chunks + tail).map(|c| (ti, c)));
         chunks.push((chunk, n_chunks));
     }
-    items.into_par_iter().for_each(|(ti, c)| {
+    crate::parallel::for_each(items.len(), |k| {
+        let (ti, c) = items[k];
         let t = &targets[ti];
         let (chunk, n_chunks) = chunks[ti];
         let rows = t.w.rows;

@@ -7,7 +7,7 @@
 use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
 use specd_memory::{Memory, MemoryConfig, RollbackMode};
-use specd_models::{Batch, Model};
+use specd_models::{Batch, DecodeOutput, Model};
 use std::sync::Arc;
 
 const SEQ: u32 = 0;
@@ -21,6 +21,8 @@ pub struct DraftModel {
     p_min: f32,
     /// Set under probabilistic verification: drafts are sampled and their q recorded.
     sampling: Option<DraftSampling>,
+    /// The draft steps' decode output, kept so that its logits buffer is reused.
+    out: DecodeOutput,
 }
 
 impl DraftModel {
@@ -39,6 +41,7 @@ impl DraftModel {
             fed: Vec::new(),
             p_min,
             sampling: None,
+            out: DecodeOutput::default(),
         }
     }
 
@@ -85,7 +88,9 @@ impl Drafter for DraftModel {
         }
         let start = self.fed.len();
         let batch = Batch::from_tokens(&tokens[start..], start as u32, SEQ, false);
-        let out = self.model.decode(&mut self.mem, &batch)?;
+        let out = &mut self.out;
+        self.model
+            .decode_into(&mut self.mem, &batch, out, &mut |_| {})?;
         self.fed.extend_from_slice(&tokens[start..]);
         let hybrid = self.model.memory_layout().is_hybrid();
         let cp = if hybrid {
@@ -107,11 +112,11 @@ impl Drafter for DraftModel {
                 break;
             }
             let pos = (tokens.len() + drafts.len() - 1) as u32;
-            let out = self
-                .model
-                .decode(&mut self.mem, &Batch::from_tokens(&[tok], pos, SEQ, true))?;
+            let b = Batch::from_tokens(&[tok], pos, SEQ, true);
+            self.model
+                .decode_into(&mut self.mem, &b, &mut self.out, &mut |_| {})?;
             next = next_draft(
-                out.logits(0),
+                self.out.logits(0),
                 tokens.len() + drafts.len(),
                 self.p_min,
                 self.sampling.as_mut(),
