@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn every_item_once_across_many_regions() {
         for n in [1, 2, 3, 4] {
-            let pool = Pool::new(n).unwrap();
+            let pool = Pool::new(n).expect("pool");
             pool.install(|| {
                 for len in [0usize, 1, 2, 7, 64, 1000] {
                     let hits: Vec<AtomicUsize> = (0..len).map(|_| AtomicUsize::new(0)).collect();
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn workers_take_part_and_parked_workers_wake() {
-        let pool = Pool::new(2).unwrap();
+        let pool = Pool::new(2).expect("pool");
         pool.install(|| {
             for round in 0..3 {
                 if round > 0 {
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn nested_and_concurrent_regions_run_inline() {
-        let pool = Arc::new(Pool::new(2).unwrap());
+        let pool = Arc::new(Pool::new(2).expect("pool"));
         let total = AtomicUsize::new(0);
         std::thread::scope(|s| {
             for _ in 0..3 {
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_panicking_item_reaches_the_caller_and_the_pool_goes_on() {
-        let pool = Pool::new(2).unwrap();
+        let pool = Pool::new(2).expect("pool");
         pool.install(|| {
             let r = catch_unwind(AssertUnwindSafe(|| {
                 crate::parallel::for_each(64, |i| {
