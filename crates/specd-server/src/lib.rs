@@ -460,6 +460,7 @@ pub use conn::Listener;
 
 /// Serves the same routes on every listener until Ctrl-C / SIGTERM.
 pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Result<()> {
+    let mut signals = ShutdownSignals::install();
     let app = router(st.clone());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
@@ -474,7 +475,7 @@ pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Resu
     // grace period (a second signal ends it at once), then they are cancelled, each ending with
     // an error its client can read.
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.recv().await;
         let _ = stop.send(true);
         let grace = st.cfg.shutdown_grace;
         eprintln!(
@@ -483,7 +484,7 @@ pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Resu
         );
         tokio::select! {
             _ = tokio::time::sleep(grace) => {},
-            _ = shutdown_signal() => {},
+            _ = signals.recv() => {},
         }
         if st.sched.snapshot().slots.iter().any(|s| s.processing) {
             eprintln!("specd: grace period over: cancelling the running requests");
@@ -496,24 +497,56 @@ pub async fn serve(st: Arc<AppState>, listeners: Vec<Listener>) -> std::io::Resu
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, listened for from the moment this is made: made before any listener
+/// serves, so a signal that arrives once the server answers is never missed (a handler
+/// registered lazily, on a task's first poll, left a window in which SIGINT killed the process).
+struct ShutdownSignals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let int = signal(SignalKind::interrupt());
+            let term = signal(SignalKind::terminate());
+            if let Err(e) = int.as_ref().and(term.as_ref()) {
+                eprintln!("specd: warning: cannot listen for shutdown signals: {e}");
             }
-            Err(_) => std::future::pending::<()>().await,
+            Self {
+                int: int.ok(),
+                term: term.ok(),
+            }
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        #[cfg(not(unix))]
+        Self {}
     }
-    eprintln!("specd: shutting down");
+
+    /// Waits for the next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                _ = next(&mut self.int) => {},
+                _ = next(&mut self.term) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        eprintln!("specd: shutting down");
+    }
 }
