@@ -11,7 +11,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use specd_memory::MemoryConfig;
-use specd_models::{Batch, Model};
+use specd_models::{Batch, DecodeOutput, Model};
 use specd_spec::{
     DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, SpecStats, VerifyKind,
 };
@@ -257,6 +257,9 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     let pb = bar(a.reps * 2 + WIDTH_ROUNDS, "speed");
     let mut pp = Vec::new();
     let mut tg = Vec::new();
+    // Steps decode into one output, as the engine's rounds do: its logits buffer (megabytes for
+    // a verification batch) is allocated once, not zeroed again every step.
+    let mut out = DecodeOutput::default();
     for _ in 0..a.reps {
         let mut mem = model.new_memory(cfg.clone());
         let t0 = Instant::now();
@@ -267,11 +270,17 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
         let mut mem = model.new_memory(cfg.clone());
-        model.decode(&mut mem, &Batch::from_tokens(&toks[..1], 0, 0, true))?;
+        model.decode_into(
+            &mut mem,
+            &Batch::from_tokens(&toks[..1], 0, 0, true),
+            &mut out,
+            &mut |_| {},
+        )?;
         let t0 = Instant::now();
         for i in 1..=a.n_gen {
             let t = (i as u32 * 104_729) % n_vocab;
-            model.decode(&mut mem, &Batch::from_tokens(&[t], i as u32, 0, true))?;
+            let b = Batch::from_tokens(&[t], i as u32, 0, true);
+            model.decode_into(&mut mem, &b, &mut out, &mut |_| {})?;
         }
         tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
@@ -293,7 +302,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
             let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);
             let t0 = Instant::now();
-            model.decode(mem, &rows)?;
+            model.decode_into(mem, &rows, &mut out, &mut |_| {})?;
             *best = best.min(t0.elapsed().as_secs_f64() * 1e3);
             model.install(|| mem.rollback(0, w))?;
         }
