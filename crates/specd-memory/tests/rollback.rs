@@ -63,7 +63,8 @@ fn decode(mem: &mut Memory, seq: u32, tokens: &[u32]) -> Result<Vec<f32>, Memory
             .collect();
         last = mem
             .gdn_layer(seq, layer)?
-            .forward(&conv_w, &mixed, &alpha, &beta, gates);
+            .forward(&conv_w, &mixed, &alpha, &beta, gates)
+            .into_vec();
     }
     let k: Vec<f32> = tokens.iter().flat_map(|&t| feat(t + 3000, 0, 8)).collect();
     mem.kv_append(seq, 0, &k, &k)?;

@@ -343,7 +343,7 @@ impl Model {
             return Ok(());
         }
         let xs = gather(&x, h, &want);
-        let mut hn = vec![0f32; xs.len()];
+        let mut hn = specd_ops::scratch::Buf::output(xs.len());
         rms_norm_rows(&xs, &self.output_norm, self.cfg.eps, &mut hn);
         // The LM head writes straight into the output: a verification batch's logits are
         // megabytes (rows × vocabulary), and a second buffer plus a copy cost as much as a

@@ -43,6 +43,7 @@ pub mod pool;
 mod prefetch;
 pub mod quant;
 pub mod rope;
+pub mod scratch;
 pub mod vec;
 pub mod weight;
 

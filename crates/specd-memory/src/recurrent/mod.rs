@@ -8,6 +8,7 @@ use crate::MemoryLayout;
 use rollback::{LayerRecord, RollbackMode};
 use specd_ops::conv::{causal_conv_silu, window};
 use specd_ops::delta_net::{gated_delta_rule, prepare_inputs, GdnGates};
+use specd_ops::scratch::Buf;
 
 /// One recurrent layer of one sequence.
 #[derive(Debug, Clone)]
@@ -81,17 +82,17 @@ impl GdnLayerIo<'_> {
         alpha: &[f32],
         beta_logits: &[f32],
         gates: GdnGates<'_>,
-    ) -> Vec<f32> {
+    ) -> Buf {
         let lay = self.layout;
         let shape = lay.gdn;
         let (k, c) = (lay.conv_kernel, lay.conv_channels);
         let hist = k - 1;
         let t_len = mixed.len() / c;
         let (pre_conv, pre_ssm, post_conv, post_ssm) = self.layer.split();
-        let mut conv_out = vec![0f32; mixed.len()];
+        let mut conv_out = Buf::output(mixed.len());
         causal_conv_silu(pre_conv, mixed, conv_w, k, c, &mut conv_out, post_conv);
         let inputs = prepare_inputs(shape, &conv_out, alpha, beta_logits, gates);
-        let mut out = vec![0f32; t_len * shape.n_v * shape.d_v];
+        let mut out = Buf::output(t_len * shape.n_v * shape.d_v);
         let Some(rec) = self.record else {
             gated_delta_rule(
                 shape,

@@ -25,6 +25,7 @@ use crate::weights::Loader;
 use crate::ModelError;
 use specd_gguf::GgufFile;
 use specd_ops::rope::RopeMode;
+use specd_ops::scratch::Buf;
 use specd_ops::{matmul_many, Weight};
 
 pub fn rope_mode(_: &GgufFile, _: &str) -> Result<RopeMode, ModelError> {
@@ -91,11 +92,11 @@ impl GdnInput for NextInput {
         // Value heads (and their β, α) per key head.
         let r = nv / nk;
         let (cd, inner) = (s.conv_dim(), s.inner);
-        let mut ba = vec![0f32; n * 2 * nv];
+        let mut ba = Buf::output(n * 2 * nv);
         let (mixed, z) = match &self.qkvz {
             Qkvz::Split { qkv, gate } => {
-                let mut mixed = vec![0f32; n * cd];
-                let mut z = vec![0f32; n * inner];
+                let mut mixed = Buf::output(n * cd);
+                let mut z = Buf::output(n * inner);
                 matmul_many(
                     a,
                     n,
@@ -105,10 +106,11 @@ impl GdnInput for NextInput {
                 (mixed, z)
             }
             Qkvz::Fused(w) => {
-                let mut qkvz = vec![0f32; n * (cd + inner)];
+                let mut qkvz = Buf::output(n * (cd + inner));
                 matmul_many(a, n, &[w, &self.ba], &mut [&mut qkvz, &mut ba])?;
-                let mut mixed = vec![0f32; n * cd];
-                let mut z = vec![0f32; n * inner];
+                // The copies below fill every element of both.
+                let mut mixed = Buf::output(n * cd);
+                let mut z = Buf::output(n * inner);
                 // Per key head g: q_g, k_g, its r value heads, their r gates.
                 let vg = r * s.d_v();
                 let group = 2 * dk + 2 * vg;
@@ -126,8 +128,8 @@ impl GdnInput for NextInput {
                 (mixed, z)
             }
         };
-        let mut beta = vec![0f32; n * nv];
-        let mut alpha = vec![0f32; n * nv];
+        let mut beta = Buf::output(n * nv);
+        let mut alpha = Buf::output(n * nv);
         for (row, (b, al)) in ba
             .chunks_exact(2 * nv)
             .zip(beta.chunks_exact_mut(nv).zip(alpha.chunks_exact_mut(nv)))

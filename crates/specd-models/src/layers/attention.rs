@@ -10,6 +10,7 @@ use specd_ops::activation::sigmoid;
 use specd_ops::attention::{attention, AttnShape};
 use specd_ops::norm::rms_norm_inplace;
 use specd_ops::rope::Rope;
+use specd_ops::scratch::Buf;
 use specd_ops::{matmul, matmul_many, Weight};
 
 /// Weights of one attention layer.
@@ -71,7 +72,7 @@ impl Attention {
         rope: &Rope,
         mem: &mut Memory,
         kv_layer: usize,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Buf, ModelError> {
         let AttnShape {
             n_head,
             n_kv,
@@ -79,9 +80,9 @@ impl Attention {
         } = self.shape;
         let qd = n_head * d_head;
         let kvd = n_kv * d_head;
-        let mut qg = vec![0f32; n * self.q.rows];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
+        let mut qg = Buf::output(n * self.q.rows);
+        let mut k = Buf::output(n * kvd);
+        let mut v = Buf::output(n * kvd);
         matmul_many(
             a,
             n,
@@ -90,8 +91,8 @@ impl Attention {
         )?;
         // Split query and gate (interleaved per head in the gated form).
         let (mut q, gate) = if self.gated {
-            let mut q = vec![0f32; n * qd];
-            let mut g = vec![0f32; n * qd];
+            let mut q = Buf::output(n * qd);
+            let mut g = Buf::output(n * qd);
             for r in 0..n {
                 for h in 0..n_head {
                     let src = &qg[r * 2 * qd + 2 * h * d_head..];
@@ -113,7 +114,8 @@ impl Attention {
                 rms_norm_inplace(h, w, self.eps);
             }
         }
-        let mut o = vec![0f32; n * qd];
+        // Every row belongs to one group: the scatters write all of `o`.
+        let mut o = Buf::output(n * qd);
         let scale = 1.0 / (d_head as f32).sqrt();
         for g in groups {
             let mut qs = gather(&q, qd, &g.rows).into_owned();
@@ -125,7 +127,7 @@ impl Attention {
             }
             mem.kv_append(g.seq, kv_layer, &ks, &vs)?;
             let cache = mem.kv(g.seq, kv_layer)?;
-            let mut os = vec![0f32; qs.len()];
+            let mut os = Buf::output(qs.len());
             let (pos, sh) = (&g.positions, self.shape);
             match (&cache.k, &cache.v) {
                 (KvBuf::F32(k), KvBuf::F32(v)) => attention(&qs, pos, k, v, sh, scale, &mut os),
@@ -136,11 +138,11 @@ impl Attention {
             scatter(&os, qd, &g.rows, &mut o);
         }
         if let Some(g) = gate {
-            for (x, &gv) in o.iter_mut().zip(&g) {
+            for (x, &gv) in o.iter_mut().zip(g.iter()) {
                 *x *= sigmoid(gv);
             }
         }
-        let mut out = vec![0f32; n * self.o.rows];
+        let mut out = Buf::output(n * self.o.rows);
         matmul(&o, n, &self.o, &mut out)?;
         Ok(out)
     }

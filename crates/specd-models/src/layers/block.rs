@@ -9,10 +9,11 @@ use crate::ModelError;
 use specd_memory::Memory;
 use specd_ops::norm::rms_norm_rows;
 use specd_ops::rope::Rope;
+use specd_ops::scratch::Buf;
 
 /// A feed-forward layer: `n × n_embd` normed rows in, `n × n_embd` out.
 pub trait FeedForward: Send + Sync {
-    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError>;
+    fn forward(&self, x: &[f32], n: usize) -> Result<Buf, ModelError>;
 }
 
 /// The token mixer of a block, with the index of its layer in the sequence memory.
@@ -30,7 +31,7 @@ impl Mixer {
         groups: &[SeqRows],
         rope: &Rope,
         mem: &mut Memory,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Buf, ModelError> {
         match self {
             Mixer::Attention { w, kv_layer } => w.forward(a, n, groups, rope, mem, *kv_layer),
             Mixer::Recurrent { w, rec_layer } => w.forward(a, n, groups, mem, *rec_layer),
@@ -62,12 +63,12 @@ impl<F: FeedForward> Block<F> {
     ) -> Result<(), ModelError> {
         rms_norm_rows(x, &self.attn_norm, eps, a);
         let m = self.mixer.forward(a, n, groups, rope, mem)?;
-        for (xv, mv) in x.iter_mut().zip(&m) {
+        for (xv, mv) in x.iter_mut().zip(m.iter()) {
             *xv += mv;
         }
         rms_norm_rows(x, &self.ffn_norm, eps, a);
         let f = self.ffn.forward(a, n)?;
-        for (xv, fv) in x.iter_mut().zip(&f) {
+        for (xv, fv) in x.iter_mut().zip(f.iter()) {
             *xv += fv;
         }
         Ok(())
@@ -84,7 +85,7 @@ pub fn run_blocks<F: FeedForward>(
     mem: &mut Memory,
     eps: f32,
 ) -> Result<(), ModelError> {
-    let mut a = vec![0f32; x.len()];
+    let mut a = Buf::output(x.len());
     for b in blocks {
         b.forward(x, &mut a, n, groups, rope, mem, eps)?;
     }

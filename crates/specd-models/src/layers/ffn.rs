@@ -3,6 +3,7 @@
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_ops::activation::swiglu_inplace;
+use specd_ops::scratch::Buf;
 use specd_ops::{matmul, matmul_many, Weight};
 
 /// FFN weights of one block.
@@ -34,19 +35,19 @@ impl Ffn {
     }
 
     /// `x` is `n × n_embd`; returns `n × n_embd`.
-    pub fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
-        let mut g = vec![0f32; n * self.gate.rows];
-        let mut u = vec![0f32; n * self.up.rows];
+    pub fn forward(&self, x: &[f32], n: usize) -> Result<Buf, ModelError> {
+        let mut g = Buf::output(n * self.gate.rows);
+        let mut u = Buf::output(n * self.up.rows);
         matmul_many(x, n, &[&self.gate, &self.up], &mut [&mut g, &mut u])?;
         swiglu_inplace(&mut g, &u);
-        let mut out = vec![0f32; n * self.down.rows];
+        let mut out = Buf::output(n * self.down.rows);
         matmul(&g, n, &self.down, &mut out)?;
         Ok(out)
     }
 }
 
 impl super::block::FeedForward for Ffn {
-    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+    fn forward(&self, x: &[f32], n: usize) -> Result<Buf, ModelError> {
         Ffn::forward(self, x, n)
     }
 }

@@ -10,6 +10,7 @@ use specd_memory::Memory;
 use specd_ops::activation::mul_silu_inplace;
 use specd_ops::delta_net::{GdnGates, GdnShape};
 use specd_ops::norm::rms_norm_inplace;
+use specd_ops::scratch::Buf;
 use specd_ops::{matmul, matmul_many, Weight};
 
 /// A layer's input projections, in the layout the recurrence reads: per row the conv input
@@ -18,13 +19,13 @@ use specd_ops::{matmul, matmul_many, Weight};
 /// one matrix each; qwen3next: fused, grouped by key head).
 pub struct GdnProjected {
     /// `n × conv_dim`.
-    pub mixed: Vec<f32>,
+    pub mixed: Buf,
     /// `n × n_v·d_v`.
-    pub z: Vec<f32>,
+    pub z: Buf,
     /// `n × n_v`.
-    pub beta: Vec<f32>,
+    pub beta: Buf,
     /// `n × n_v`.
-    pub alpha: Vec<f32>,
+    pub alpha: Buf,
 }
 
 /// Computes a layer's [`GdnProjected`] from its normed input rows (`n × n_embd`).
@@ -56,10 +57,10 @@ impl SplitInput {
 impl GdnInput for SplitInput {
     fn project(&self, a: &[f32], n: usize) -> Result<GdnProjected, ModelError> {
         let mut o = GdnProjected {
-            mixed: vec![0f32; n * self.qkv.rows],
-            z: vec![0f32; n * self.gate.rows],
-            beta: vec![0f32; n * self.beta.rows],
-            alpha: vec![0f32; n * self.alpha.rows],
+            mixed: Buf::output(n * self.qkv.rows),
+            z: Buf::output(n * self.gate.rows),
+            beta: Buf::output(n * self.beta.rows),
+            alpha: Buf::output(n * self.alpha.rows),
         };
         matmul_many(
             a,
@@ -133,7 +134,7 @@ impl GatedDeltaNet {
         groups: &[SeqRows],
         mem: &mut Memory,
         rec_layer: usize,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Buf, ModelError> {
         let (nv, dv) = (self.shape.n_v, self.shape.d_v);
         let inner = nv * dv;
         let cd = 2 * self.shape.n_k * self.shape.d_k + inner;
@@ -148,7 +149,8 @@ impl GatedDeltaNet {
             a: &self.a,
             eps: self.eps,
         };
-        let mut y = vec![0f32; n * inner];
+        // Every row belongs to one group: the scatters write all of `y`.
+        let mut y = Buf::output(n * inner);
         for g in groups {
             let ms = gather(&mixed, cd, &g.rows);
             let als = gather(&al, nv, &g.rows);
@@ -165,7 +167,7 @@ impl GatedDeltaNet {
             }
             mul_silu_inplace(yr, &z[r * inner..(r + 1) * inner]);
         });
-        let mut out = vec![0f32; n * self.out.rows];
+        let mut out = Buf::output(n * self.out.rows);
         matmul(&y, n, &self.out, &mut out)?;
         Ok(out)
     }

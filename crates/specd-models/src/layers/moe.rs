@@ -18,6 +18,7 @@ use super::{gather, scatter};
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_ops::activation::{sigmoid, swiglu_inplace};
+use specd_ops::scratch::Buf;
 use specd_ops::{matmul, matmul_many, Weight};
 
 /// Expert counts and widths.
@@ -143,7 +144,7 @@ impl MoeFfn {
 }
 
 impl FeedForward for MoeFfn {
-    fn forward(&self, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+    fn forward(&self, x: &[f32], n: usize) -> Result<Buf, ModelError> {
         let (ne, k) = (self.n_expert(), self.n_used);
         let h = self.router.cols;
         let mut logits = vec![0f32; n * ne];
@@ -186,7 +187,8 @@ impl FeedForward for MoeFfn {
         let shared = self.shared.forward(x, n)?;
         let mut sg = vec![0f32; n];
         matmul(x, n, &self.shared_gate, &mut sg)?;
-        let mut out = vec![0f32; n * h];
+        // Each row's first expert assigns, the rest add: every element is written.
+        let mut out = Buf::output(n * h);
         for r in 0..n {
             let o = &mut out[r * h..(r + 1) * h];
             for s in 0..k {

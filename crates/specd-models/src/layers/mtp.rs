@@ -97,12 +97,12 @@ impl Mtp {
         let mut a = vec![0f32; n * d];
         rms_norm_rows(&x, &self.attn_norm, self.eps, &mut a);
         let m = self.attn.forward(&a, n, groups, rope, mem, 0)?;
-        for (xv, mv) in x.iter_mut().zip(&m) {
+        for (xv, mv) in x.iter_mut().zip(m.iter()) {
             *xv += mv;
         }
         rms_norm_rows(&x, &self.post_norm, self.eps, &mut a);
         let f = self.ffn.forward(&a, n)?;
-        for (xv, fv) in x.iter_mut().zip(&f) {
+        for (xv, fv) in x.iter_mut().zip(f.iter()) {
             *xv += fv;
         }
         let norm = self.head_norm.as_deref().unwrap_or(model_out_norm);
