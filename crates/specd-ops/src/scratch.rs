@@ -10,8 +10,9 @@
 //! (NaN reaches the logits) instead of passing stale values on.
 //!
 //! Buffers return to the list when dropped. The list keeps at most [`MAX_KEPT`] buffers of at most
-//! [`MAX_KEPT_FLOATS`] floats each: a long prompt's chunks are allocated afresh, their allocation
-//! spread over hundreds of rows, and the memory held between requests stays small.
+//! [`MAX_KEPT_FLOATS`] floats each (at most 128 MiB per thread; a decode step's or a verification
+//! batch's buffers are a few MiB in all): a long prompt's larger chunks are allocated afresh, their
+//! allocation spread over hundreds of rows.
 
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
@@ -143,7 +144,7 @@ mod tests {
             let (a, b) = (Buf::zeroed(100), Buf::zeroed(1000));
             assert_eq!((a.len(), b.len()), (100, 1000));
             assert!(a.iter().all(|&x| x == 0.0));
-            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let pa = a.as_ptr();
             drop((a, b));
             assert_eq!(kept().len(), 2);
             // The smallest buffer that holds 50 floats is the 100-float one.
@@ -159,7 +160,6 @@ mod tests {
             let mut lens = kept();
             lens.sort_unstable();
             assert_eq!(lens, vec![100, 2000]);
-            let _ = pb;
             // Over the size limit: allocated afresh and not kept.
             drop(Buf::zeroed(MAX_KEPT_FLOATS + 1));
             assert_eq!(kept().len(), 2);
