@@ -24,17 +24,16 @@ pub fn causal_conv_silu(
         "causal_conv_silu: short buffers"
     );
     let optr = SyncPtr(out.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
     let avx2 = crate::isa() >= crate::Isa::Avx2;
     let chunk = |ci: usize| {
         // SAFETY: channels ci·CH.. of every output row are this chunk's only (see `conv_chunk`);
         // the AVX2 build of the same code runs only where the CPU has AVX2.
-        unsafe {
-            if avx2 {
-                conv_chunk_avx2(state, x, w, k, c, ci, optr)
-            } else {
-                conv_chunk(state, x, w, k, c, ci, optr)
-            }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            return unsafe { conv_chunk_avx2(state, x, w, k, c, ci, optr) };
         }
+        unsafe { conv_chunk(state, x, w, k, c, ci, optr) }
     };
     // A batch's chunks are split over the threads (one row's stay on one: a hand-off would cost
     // more than its 6 Ki outputs).
@@ -106,19 +105,6 @@ unsafe fn conv_chunk(
 /// As [`conv_chunk`]; the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn conv_chunk_avx2(
-    state: &[f32],
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    c: usize,
-    ci: usize,
-    out: SyncPtr<f32>,
-) {
-    unsafe { conv_chunk(state, x, w, k, c, ci, out) }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
 unsafe fn conv_chunk_avx2(
     state: &[f32],
     x: &[f32],
