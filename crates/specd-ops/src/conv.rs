@@ -23,17 +23,24 @@ pub fn causal_conv_silu(
         out.len() >= t_len * c && w.len() >= c * k && k <= MAX_K && state.len() >= (k - 1) * c,
         "causal_conv_silu: short buffers"
     );
-    let optr = SyncPtr(out.as_mut_ptr());
+    let conv = Conv {
+        state,
+        x,
+        w,
+        k,
+        c,
+        out: SyncPtr(out.as_mut_ptr()),
+    };
     #[cfg(target_arch = "x86_64")]
     let avx2 = crate::isa() >= crate::Isa::Avx2;
     let chunk = |ci: usize| {
-        // SAFETY: channels ci·CH.. of every output row are this chunk's only (see `conv_chunk`);
+        // SAFETY: channels ci·CH.. of every output row are this chunk's only (see `Conv::chunk`);
         // the AVX2 build of the same code runs only where the CPU has AVX2.
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            return unsafe { conv_chunk_avx2(state, x, w, k, c, ci, optr) };
+            return unsafe { conv.chunk_avx2(ci) };
         }
-        unsafe { conv_chunk(state, x, w, k, c, ci, optr) }
+        unsafe { conv.chunk(ci) }
     };
     // A batch's chunks are split over the threads (one row's stay on one: a hand-off would cost
     // more than its 6 Ki outputs).
@@ -49,72 +56,77 @@ pub fn causal_conv_silu(
 /// Channels per chunk of the conv.
 const CH: usize = 64;
 
-/// Channels `ci·CH..` of every output row. The weights are first transposed tap-major, so that
-/// the inner loop runs over contiguous channels (they are channel-major, stride `k`, which kept
-/// it scalar). Per output the sum is 0 + w₀x₀ + w₁x₁ + … in tap order, a multiply and an add
-/// each (no fused multiply-add), so every build of this code gives the same bits.
-///
-/// # Safety
-/// `out` covers `T × c` floats (`T` = `x.len() / c`) and no other thread writes this chunk's
-/// channels; `k ≤ MAX_K`, `w` holds `c × k` and `state` `(k − 1) × c` floats.
-#[inline(always)]
-unsafe fn conv_chunk(
-    state: &[f32],
-    x: &[f32],
-    w: &[f32],
+/// One conv's operands, shared by its chunks.
+struct Conv<'a> {
+    state: &'a [f32],
+    x: &'a [f32],
+    w: &'a [f32],
     k: usize,
     c: usize,
-    ci: usize,
+    /// `T × c` outputs (`T` = `x.len() / c`).
     out: SyncPtr<f32>,
-) {
-    let hist = k - 1;
-    let t_len = x.len() / c;
-    // Input row i of the virtual sequence [state | x].
-    let row = |i: usize| -> &[f32] {
-        if i < hist {
-            &state[i * c..(i + 1) * c]
-        } else {
-            &x[(i - hist) * c..(i - hist + 1) * c]
-        }
-    };
-    let c0 = ci * CH;
-    let m = CH.min(c - c0);
-    let mut wt = [0f32; CH * MAX_K];
-    for tau in 0..k {
-        for j in 0..m {
-            wt[tau * CH + j] = w[(c0 + j) * k + tau];
-        }
-    }
-    for t in 0..t_len {
-        // SAFETY: in bounds and this chunk's own (the caller's contract).
-        let o = unsafe { out.slice_mut(t * c + c0, m) };
-        o.fill(0.0);
+}
+
+impl Conv<'_> {
+    /// Channels `ci·CH..` of every output row. The weights are first transposed tap-major, so
+    /// that the inner loop runs over contiguous channels (they are channel-major, stride `k`,
+    /// which kept it scalar). Per output the sum is 0 + w₀x₀ + w₁x₁ + … in tap order, a multiply
+    /// and an add each (no fused multiply-add), so every build of this code gives the same bits.
+    ///
+    /// # Safety
+    /// `out` covers `T × c` floats and no other thread writes this chunk's channels; `k ≤ MAX_K`,
+    /// `w` holds `c × k` and `state` `(k − 1) × c` floats.
+    #[inline(always)]
+    unsafe fn chunk(&self, ci: usize) {
+        let Conv {
+            state,
+            x,
+            w,
+            k,
+            c,
+            out,
+        } = *self;
+        let hist = k - 1;
+        let t_len = x.len() / c;
+        // Input row i of the virtual sequence [state | x].
+        let row = |i: usize| -> &[f32] {
+            if i < hist {
+                &state[i * c..(i + 1) * c]
+            } else {
+                &x[(i - hist) * c..(i - hist + 1) * c]
+            }
+        };
+        let c0 = ci * CH;
+        let m = CH.min(c - c0);
+        let mut wt = [0f32; CH * MAX_K];
         for tau in 0..k {
-            let xr = &row(t + tau)[c0..c0 + m];
-            for ((o, &wv), &xv) in o.iter_mut().zip(&wt[tau * CH..tau * CH + m]).zip(xr) {
-                *o += wv * xv;
+            for j in 0..m {
+                wt[tau * CH + j] = w[(c0 + j) * k + tau];
+            }
+        }
+        for t in 0..t_len {
+            // SAFETY: in bounds and this chunk's own (the caller's contract).
+            let o = unsafe { out.slice_mut(t * c + c0, m) };
+            o.fill(0.0);
+            for tau in 0..k {
+                let xr = &row(t + tau)[c0..c0 + m];
+                for ((o, &wv), &xv) in o.iter_mut().zip(&wt[tau * CH..tau * CH + m]).zip(xr) {
+                    *o += wv * xv;
+                }
             }
         }
     }
-}
 
-/// [`conv_chunk`] compiled for AVX2: the same code, its loops vectorised eight lanes wide
-/// (the portable build gets SSE2's four).
-///
-/// # Safety
-/// As [`conv_chunk`]; the CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn conv_chunk_avx2(
-    state: &[f32],
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    c: usize,
-    ci: usize,
-    out: SyncPtr<f32>,
-) {
-    unsafe { conv_chunk(state, x, w, k, c, ci, out) }
+    /// [`Conv::chunk`] compiled for AVX2: the same code, its loops vectorised eight lanes wide
+    /// (the portable build gets SSE2's four).
+    ///
+    /// # Safety
+    /// As [`Conv::chunk`]; the CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn chunk_avx2(&self, ci: usize) {
+        unsafe { self.chunk(ci) }
+    }
 }
 
 /// The conv state after the first `n` of the `x` rows: the last `hist` rows of `[state | x[..n]]`.
