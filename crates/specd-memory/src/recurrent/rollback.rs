@@ -11,7 +11,7 @@
 //!
 //! Both give state bit-identical to never having decoded the rejected tokens, because the replay
 //! runs the same kernel in the same order and a snapshot is that very state.
-//! [`RollbackMode::None`] records nothing (checkpoint-and-replay only, the baseline).
+//! [`RollbackMode::None`] records nothing (checkpoint-and-redecode only, the baseline).
 
 use crate::recurrent::RecLayer;
 use crate::MemoryLayout;

@@ -10,9 +10,11 @@
 //! are in −127..=127 (see [`super::quantize_row_k`]), so a chunk's pair sums are bounded by
 //! 2·127·|w|max, and [`Fmt::CHUNKS_I16`] chunks are added in i16 before widening: Q4_K (`u` ≤ 15)
 //! all 8 of a sub-block (30480), Q5_K (≤ 31) 4 (31496), Q6_K (≤ 63) 2 (32004). Q6_K's offset
-//! (`w = u − 32`) is taken off once per super-block: `32·Σ_s sc_s·Σx` from the activations' sums
-//! per sub-block, as i16 pairs (`vpmaddwd`) — cheaper than the sign trick on every chunk, which
-//! costs two more instructions per row and chunk. IQ4_XS's table values (up to 127 in magnitude)
+//! (`w = u − 32`) is taken off once per super-block, with AVX-VNNI too: `32·Σ_s sc_s·Σx` from the
+//! activations' sums per sub-block, as i16 pairs (`vpmaddwd`) — cheaper than the sign trick on
+//! every chunk, which costs two more instructions per row and chunk, and than a `−32·Σx` start
+//! for every sub-block's `vpdpbusd` sum (a scalar multiply and a broadcast per row and 16 values,
+//! which made the AVX-VNNI tiles of 4–8 rows slower than the plain AVX2 ones). IQ4_XS's table values (up to 127 in magnitude)
 //! are multiplied as signed values with the sign trick, one chunk at a time, so its offset needs no
 //! correction.
 
@@ -241,6 +243,11 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
             fmt.sub_quant_bytes(),
         );
         let off = fmt.offset();
+        // Q6_K's offset (`w = u − 32`, 16-value sub-blocks) is taken off once per super-block
+        // from the activations' sums, at both levels: with VNNI too, one `Σ_s sc_s·Σx_s` per row
+        // costs less than a scalar `−OFF·Σx` broadcast into every sub-block's sum (IQ4_XS's
+        // 32-value sub-blocks keep that: half as many, and no per-16 sums to pair).
+        let sb_offset = off != 0 && sub == 16;
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
@@ -290,23 +297,19 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
                             isum[r] = _mm256_add_epi32(isum[r], d);
                             continue;
                         }
-                        let p0 = if fmt.has_dmin() {
+                        let p0 = if fmt.has_dmin() || sb_offset {
                             _mm256_setzero_si256()
                         } else {
-                            let bs = if sub == 16 {
-                                *p.bs16.add((r * p.nbk + b) * 16 + s)
-                            } else {
-                                *p.bs32.add((r * p.nbk + b) * 8 + s)
-                            };
+                            // IQ4_XS (`u` = value + 128): 32-value sub-blocks.
+                            let bs = *p.bs32.add((r * p.nbk + b) * 8 + s);
                             _mm256_set1_epi32(-off * bs as i32)
                         };
                         let d = idot_vnni(&wv, xb, sub / 4, p0);
                         isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(d, sc));
                     }
                 }
-                if !VNNI && !F::SIGNED && off != 0 {
+                if sb_offset {
                     // The offset of `w = u − OFF` (Q6_K): `OFF·Σ_s sc_s·Σx_s` off each row's sum.
-                    debug_assert_eq!(sub, 16, "the sums per 16 values");
                     let pairs = scale_pairs::<false>(blk.add(fmt.sc_offset()), h);
                     for r in 0..R {
                         let corr = scaled_sums(&pairs, p.bs16.add((r * p.nbk + b) * 16));
@@ -374,8 +377,8 @@ pub(crate) unsafe fn dot_group(
     ostride: usize,
 ) {
     macro_rules! tiles {
-        ($f:ty, $p:expr, $t:expr, $out:expr) => {
-            if vnni {
+        ($f:ty, $vnni:expr, $p:expr, $t:expr, $out:expr) => {
+            if $vnni {
                 crate::for_tile_height!(
                     $t,
                     [8, 7, 6, 5, 4, 3, 2],
@@ -398,17 +401,35 @@ pub(crate) unsafe fn dot_group(
             let n = (t - r).min(8);
             let pr = p.rows_from(r);
             let o = out.add(r * ostride);
+            let vnni = vnni && vnni_pays(fmt, n);
             match fmt {
-                KFormat::Q4K => tiles!(Q4K, pr, n, o),
-                KFormat::Q5K => tiles!(Q5K, pr, n, o),
-                KFormat::Q6K => tiles!(Q6K, pr, n, o),
-                KFormat::IQ4XS => tiles!(IQ4XS, pr, n, o),
+                KFormat::Q4K => tiles!(Q4K, vnni, pr, n, o),
+                KFormat::Q5K => tiles!(Q5K, vnni, pr, n, o),
+                KFormat::Q6K => tiles!(Q6K, vnni, pr, n, o),
+                KFormat::IQ4XS => tiles!(IQ4XS, vnni, pr, n, o),
                 KFormat::Q2K | KFormat::Q3K => {
                     super::q23_avx2::dot_group(fmt, vnni, w, pr, n, o, ostride)
                 }
             }
             r += n;
         }
+    }
+}
+
+/// Whether a tile of `rows` rows of `fmt` is cheaper with the AVX-VNNI kernel than with the
+/// plain AVX2 one on an AVX-VNNI CPU. Both give the same bits (exact integer sums, the same float
+/// operations), so the choice can differ by tile height. `vpdpbusd` saves the pair-widening, but
+/// the VNNI kernels apply a sub-block's scale with a `vpmulld` per row (two µops, ten cycles'
+/// latency) where AVX2 folds it into `vpmaddwd`; with 16-value sub-blocks (Q6_K, Q2_K, Q3_K)
+/// that is twice as many multiplies, and the wide tiles, short of registers, lost: Q6_K's 8-row
+/// tile 0.51–0.54 ms against 0.45 with AVX2, Q3_K's from 3 rows on, Q2_K's at 1 and at 7–8
+/// (`cargo bench -p specd-ops --bench matmul -- hot tiles`, BENCHMARKS.md).
+fn vnni_pays(fmt: KFormat, rows: usize) -> bool {
+    match fmt {
+        KFormat::Q6K => rows <= 4,
+        KFormat::Q2K => (2..=6).contains(&rows),
+        KFormat::Q3K => false,
+        KFormat::Q4K | KFormat::Q5K | KFormat::IQ4XS => true,
     }
 }
 
