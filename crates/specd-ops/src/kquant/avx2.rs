@@ -13,10 +13,9 @@
 //! (`w = u − 32`) is taken off once per super-block, with AVX-VNNI too: `32·Σ_s sc_s·Σx` from the
 //! activations' sums per sub-block, as i16 pairs (`vpmaddwd`) — cheaper than the sign trick on
 //! every chunk, which costs two more instructions per row and chunk, and than a `−32·Σx` start
-//! for every sub-block's `vpdpbusd` sum (a scalar multiply and a broadcast per row and 16 values,
-//! which made the AVX-VNNI tiles of 4–8 rows slower than the plain AVX2 ones). IQ4_XS's table values (up to 127 in magnitude)
-//! are multiplied as signed values with the sign trick, one chunk at a time, so its offset needs no
-//! correction.
+//! for each sub-block's `vpdpbusd` sum (a scalar multiply and a broadcast per row and 16 values).
+//! IQ4_XS's table values (up to 127 in magnitude) are multiplied as signed values with the sign
+//! trick, one chunk at a time, so its offset needs no correction.
 
 use super::{ActPtrs, KFormat, IQ4_UNSIGNED, IQ4_VALUES, QK_K};
 use std::arch::x86_64::*;
@@ -419,11 +418,11 @@ pub(crate) unsafe fn dot_group(
 /// Whether a tile of `rows` rows of `fmt` is cheaper with the AVX-VNNI kernel than with the
 /// plain AVX2 one on an AVX-VNNI CPU. Both give the same bits (exact integer sums, the same float
 /// operations), so the choice can differ by tile height. `vpdpbusd` saves the pair-widening, but
-/// the VNNI kernels apply a sub-block's scale with a `vpmulld` per row (two µops, ten cycles'
+/// the VNNI kernels apply a sub-block's scale with a `vpmulld` per row (two µops with a long
 /// latency) where AVX2 folds it into `vpmaddwd`; with 16-value sub-blocks (Q6_K, Q2_K, Q3_K)
-/// that is twice as many multiplies, and the wide tiles, short of registers, lost: Q6_K's 8-row
-/// tile 0.51–0.54 ms against 0.45 with AVX2, Q3_K's from 3 rows on, Q2_K's at 1 and at 7–8
-/// (`cargo bench -p specd-ops --bench matmul -- hot tiles`, BENCHMARKS.md).
+/// that is twice as many multiplies, and the wide tiles, short of registers, lost to AVX2 —
+/// the heights below are where each kernel measured faster (`cargo bench -p specd-ops --bench
+/// matmul -- hot tiles`; figures in BENCHMARKS.md).
 fn vnni_pays(fmt: KFormat, rows: usize) -> bool {
     match fmt {
         KFormat::Q6K => rows <= 4,
