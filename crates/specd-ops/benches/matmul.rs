@@ -6,6 +6,7 @@
 //! width's cost relative to one row — the number that decides whether a verification batch costs
 //! about one plain step.
 
+use specd_ops::legacy::LegacyFormat;
 use specd_ops::{matmul_with, Isa, KFormat, Weight, WeightType};
 use std::time::Instant;
 
@@ -218,6 +219,9 @@ fn main() {
         WeightType::Q4_0,
         WeightType::Q4_0R16,
         WeightType::IQ4NLR16,
+        WeightType::Legacy(LegacyFormat::Q4_1),
+        WeightType::Legacy(LegacyFormat::Q5_0),
+        WeightType::Legacy(LegacyFormat::Q5_1),
         WeightType::KR16(KFormat::Q4K),
         WeightType::KR16(KFormat::Q5K),
         WeightType::KR16(KFormat::Q6K),
@@ -228,9 +232,13 @@ fn main() {
         if !only.is_empty() && !only.iter().any(|o| wt.name().starts_with(o.as_str())) {
             continue;
         }
-        let w = match wt.interleaved_from() {
-            Some(base) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),
-            None => weight(wt, rows, cols),
+        let w = match (wt, wt.interleaved_from()) {
+            (_, Some(base)) => specd_ops::pack::pack(&weight(base, rows, cols)).expect("pack"),
+            // Q4_1 / Q5_0 / Q5_1 are read in their 16-row interleaved layout on every level.
+            (WeightType::Legacy(_), None) => {
+                specd_ops::pack::for_current_isa(&weight(wt, rows, cols)).expect("pack")
+            }
+            _ => weight(wt, rows, cols),
         };
         for isa in Isa::available().into_iter().filter(|i| *i != Isa::Scalar) {
             let mut line = format!("{:13} {:11}", wt.name(), format!("{isa:?}"));
