@@ -7,8 +7,8 @@
 //! ahead: a super-block of 16 interleaved rows spans 36 (Q4_K) to 53 (Q6_K) cache lines, and
 //! issuing all of them in one burst at the top of each super-block left the 8-row tile waiting on
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
-//! sub-block instead ([`slice`]), the same requests keep the stream flowing, for one row and for
-//! eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]) — with
+//! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for one
+//! row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]) — with
 //! a second, short-range request into L1 in the super-block kernels ([`near_l1`]) — on AMD into
 //! L1 (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
 
@@ -81,9 +81,35 @@ pub(crate) fn near_l1() -> bool {
     }
 }
 
+/// Slice `part` of `parts` equal byte ranges of the `bytes` bytes at `at`, prefetched with one
+/// request per started 64 bytes (into L2 if `l2`, else L1): the same number of requests in
+/// every slice, at offsets known when the kernel is compiled. Consecutive slices' requests are
+/// at most 64 bytes apart, so every line of a run of blocks is requested (a line shared by two
+/// slices may be requested twice). Exact line ranges per slice would need a division and a loop
+/// of varying length per slice: that bookkeeping, not the requests, cost the super-block kernels
+/// a fifth of an in-cache tile's time (docs/quantisation.md, "Streaming the weights").
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn spread(at: *const u8, bytes: usize, part: usize, parts: usize, l2: bool) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    let stride = bytes.div_ceil(parts);
+    let a = at.wrapping_add(part * stride);
+    for j in 0..stride.div_ceil(64) {
+        let p = a.wrapping_add(64 * j) as *const i8;
+        // SAFETY: prefetch never faults, whatever the address.
+        unsafe {
+            if l2 {
+                _mm_prefetch::<_MM_HINT_T1>(p)
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p)
+            }
+        }
+    }
+}
+
 /// A super-block kernel's share of the stream for one step: slice `part` of `parts` of the
 /// `bytes` bytes at `far` (into L2 if `l2`, see [`into_l2`]) and, if `near` ([`near_l1`]), the
-/// same slice [`NEAR`] bytes past the block at `blk` into L1.
+/// same slice [`NEAR`] bytes past the block at `blk` into L1 — each issued by [`spread`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn stream(
@@ -94,30 +120,17 @@ pub(crate) fn stream(
     l2: bool,
     near: bool,
 ) {
-    slice(far, bytes, part, parts, l2);
+    spread(far, bytes, part, parts, l2);
     if near {
-        slice(blk.wrapping_add(NEAR), bytes, part, parts, false);
+        spread(blk.wrapping_add(NEAR), bytes, part, parts, false);
     }
 }
 
-/// Prefetches slice `part` of `parts` of the cache lines of the `bytes` bytes at `at`, into L2
-/// if `l2` (see [`into_l2`]) else L1; the slices `0..parts` together cover every line once. Any
-/// address may be given: the pointer is only offset (`wrapping_add`) and prefetched, never read.
+/// Prefetches every cache line of the `bytes` bytes at `at` (a block small enough to request in
+/// one go), into L2 if `l2` (see [`into_l2`]) else L1. Any address may be given: the pointer is
+/// only offset (`wrapping_add`) and prefetched, never read.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn slice(at: *const u8, bytes: usize, part: usize, parts: usize, l2: bool) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-    let lines = bytes.div_ceil(64);
-    let range = part * lines / parts..(part + 1) * lines / parts;
-    if l2 {
-        for l in range {
-            // SAFETY: prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * l) as *const i8) };
-        }
-    } else {
-        for l in range {
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * l) as *const i8) };
-        }
-    }
+pub(crate) fn whole(at: *const u8, bytes: usize, l2: bool) {
+    spread(at, bytes, 0, 1, l2);
 }

@@ -212,10 +212,10 @@ fn row_pairs(src: &[f32], d_k: usize, d_v: usize, mut rows: impl FnMut(usize, us
     let pair_bytes = 2 * d_k * 4;
     let ahead = |vi: usize| src.as_ptr().wrapping_add(vi * d_k) as *const u8;
     let l2 = crate::prefetch::intel_l2();
-    crate::prefetch::slice(ahead(2), pair_bytes, 0, 1, l2);
+    crate::prefetch::whole(ahead(2), pair_bytes, l2);
     let mut vi = 0;
     while vi + 2 <= d_v {
-        crate::prefetch::slice(ahead(vi + 4), pair_bytes, 0, 1, l2);
+        crate::prefetch::whole(ahead(vi + 4), pair_bytes, l2);
         rows(vi, 2);
         vi += 2;
     }

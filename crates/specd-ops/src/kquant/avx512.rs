@@ -300,7 +300,7 @@ unsafe fn issue_round<F: Fmt>(
         );
         for j in 0..4 {
             let s = s0 + j;
-            crate::prefetch::slice(pf, gbb, s, nsub, l2);
+            crate::prefetch::spread(pf, gbb, s, nsub, l2);
             F::load_sub(blk.add(hb + s * qb), &mut wv);
             for (c, v) in wv.iter().enumerate().take(sub / 4) {
                 _mm512_store_si512(bt.add(512 * j + 64 * c) as *mut __m512i, *v);

@@ -64,7 +64,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
             // Both halves of a block before the next one, each requesting half of the lines
             // ahead, so that the stream flows while either half computes (see `prefetch`).
             for (h, acc) in acc.iter_mut().enumerate() {
-                crate::prefetch::slice(pf, gbb, h, 2, l2);
+                crate::prefetch::spread(pf, gbb, h, 2, l2);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let ms = if f.has_min() {
                     _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))

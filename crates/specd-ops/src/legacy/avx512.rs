@@ -70,12 +70,10 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
-            // A block of 32 columns spans 5–7 lines: one slice (see `prefetch`).
-            crate::prefetch::slice(
+            // A block of 32 columns spans 5–7 lines, requested at once (see `prefetch`).
+            crate::prefetch::whole(
                 blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
                 gbb,
-                0,
-                1,
                 l2,
             );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));

@@ -295,11 +295,9 @@ unsafe fn r16_amx<G: GroupBlock, const R: usize>(
             let mut bp = [bt as *const u8; 4];
             for j in 0..k {
                 let blk = w.add((b0 + j) * G::BYTES);
-                crate::prefetch::slice(
+                crate::prefetch::whole(
                     blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
                     G::BYTES,
-                    0,
-                    1,
                     l2,
                 );
                 bp[j] = if G::TILE_READY {
@@ -360,12 +358,10 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
             // Without the prefetch a few-row tile's compute and the weight stream take turns. A
-            // block of 32 columns spans 5–9 lines: one slice (see `prefetch`).
-            crate::prefetch::slice(
+            // block of 32 columns spans 5–9 lines, requested at once (see `prefetch`).
+            crate::prefetch::whole(
                 blk.wrapping_add(crate::prefetch::ahead(R, crate::prefetch::WIDE_BLOCKS)),
                 G::BYTES,
-                0,
-                1,
                 l2,
             );
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
