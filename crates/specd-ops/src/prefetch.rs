@@ -7,10 +7,11 @@
 //! ahead: a super-block of 16 interleaved rows spans 36 (Q4_K) to 53 (Q6_K) cache lines, and
 //! issuing all of them in one burst at the top of each super-block left the 8-row tile waiting on
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
-//! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for one
-//! row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`], [`into_l2`]) — with
-//! a second, short-range request into L1 in the super-block kernels ([`near_l1`]) — on AMD into
-//! L1 (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
+//! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for
+//! one row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`],
+//! [`into_l2`]) — with a second, short-range request into L1 in the super-block kernels
+//! ([`near_l1`]) — on AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in
+//! BENCHMARKS.md).
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
 /// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
@@ -85,9 +86,10 @@ pub(crate) fn near_l1() -> bool {
 /// request per started 64 bytes (into L2 if `l2`, else L1): the same number of requests in
 /// every slice, at offsets known when the kernel is compiled. Consecutive slices' requests are
 /// at most 64 bytes apart, so every line of a run of blocks is requested (a line shared by two
-/// slices may be requested twice). Exact line ranges per slice would need a division and a loop
-/// of varying length per slice: that bookkeeping, not the requests, cost the super-block kernels
-/// a fifth of an in-cache tile's time (docs/quantisation.md, "Streaming the weights").
+/// slices may be requested twice; the run's very last line perhaps not). Exact line ranges per
+/// slice would need a division and a loop of varying length per slice: that bookkeeping, not the
+/// requests, cost the super-block kernels up to two fifths of an in-cache tile's time
+/// (docs/quantisation.md, "Streaming the weights"). Any address may be given, as for [`whole`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn spread(at: *const u8, bytes: usize, part: usize, parts: usize, l2: bool) {
