@@ -94,10 +94,8 @@ pub(crate) fn near_l1() -> bool {
 #[inline(always)]
 pub(crate) fn spread(at: *const u8, bytes: usize, part: usize, parts: usize, l2: bool) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-    let stride = bytes.div_ceil(parts);
-    let a = at.wrapping_add(part * stride);
-    for j in 0..stride.div_ceil(64) {
-        let p = a.wrapping_add(64 * j) as *const i8;
+    for off in spread_offsets(bytes, part, parts) {
+        let p = at.wrapping_add(off) as *const i8;
         // SAFETY: prefetch never faults, whatever the address.
         unsafe {
             if l2 {
@@ -107,6 +105,15 @@ pub(crate) fn spread(at: *const u8, bytes: usize, part: usize, parts: usize, l2:
             }
         }
     }
+}
+
+/// The byte offsets (from the block's start) that [`spread`] requests for slice `part` of
+/// `parts`: one per started 64 bytes of an equal share.
+#[cfg(any(target_arch = "x86_64", test))]
+#[inline(always)]
+fn spread_offsets(bytes: usize, part: usize, parts: usize) -> impl Iterator<Item = usize> {
+    let stride = bytes.div_ceil(parts);
+    (0..stride.div_ceil(64)).map(move |j| part * stride + 64 * j)
 }
 
 /// A super-block kernel's share of the stream for one step: slice `part` of `parts` of the
@@ -135,4 +142,51 @@ pub(crate) fn stream(
 #[inline(always)]
 pub(crate) fn whole(at: *const u8, bytes: usize, l2: bool) {
     spread(at, bytes, 0, 1, l2);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread_offsets;
+
+    /// Every cache line of a run of blocks gets a request, whatever the run's alignment, for the
+    /// slicings the kernels use (bytes of a group block, slices per block) — but perhaps the
+    /// run's very last line, as documented.
+    #[test]
+    fn spread_requests_every_line_of_a_run_of_blocks() {
+        let slicings = [
+            (544, 2),   // Q8_0 group block, AVX2 halves
+            (288, 2),   // Q4_0 / IQ4_NL
+            (320, 2),   // Q4_1
+            (2304, 16), // Q4_K, AVX2: both halves' sub-blocks
+            (2304, 8),  // Q4_K, AVX-512
+            (3360, 32), // Q6_K
+            (2176, 16), // IQ4_XS
+            (1344, 16), // Q2_K
+            (1760, 16), // Q3_K
+            (1024, 1),  // a delta-rule row pair, whole
+        ];
+        for (bytes, parts) in slicings {
+            for align in 0..64 {
+                let blocks = 3;
+                let mut requested = std::collections::BTreeSet::new();
+                for b in 0..blocks {
+                    for part in 0..parts {
+                        for off in spread_offsets(bytes, part, parts) {
+                            requested.insert((align + b * bytes + off) / 64);
+                        }
+                    }
+                }
+                let first = align / 64;
+                let last = (align + blocks * bytes - 1) / 64;
+                for line in first..last {
+                    assert!(
+                        requested.contains(&line),
+                        "{bytes} bytes in {parts} slices, alignment {align}: line {line} missed"
+                    );
+                }
+                // No request strays further than one line past the run.
+                assert!(requested.iter().all(|&l| l <= last + 1));
+            }
+        }
+    }
 }
