@@ -66,11 +66,18 @@ pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
 /// [`near_l1`] says so: a second, short-range request for lines the far one has brought to L2.
 pub(crate) const NEAR: usize = 1024;
 
-/// Whether the super-block kernels add the [`NEAR`] L1 prefetch to their stream: where the stream
-/// goes to L2 ([`intel_l2`]). From L2 alone, a tile of two or more rows waits for each line's
-/// move into L1 and its arithmetic and the stream take turns; from L1 alone they overlap but the
-/// stream is slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles
-/// overlap again and the one-row step keeps the L2 stream's speed.
+/// Whether a tile of `rows` activation rows of a kernel family whose wide tiles start at
+/// `wide_from` adds the [`NEAR`] L1 prefetch to its stream: where the stream goes to L2
+/// ([`intel_l2`]), in every super-block kernel and in the 32-column kernels' narrow tiles. From
+/// L2 alone, a tile waits for each line's move into L1 and its arithmetic and the stream take
+/// turns; from L1 alone they overlap but the stream is slower (figures in BENCHMARKS.md). With
+/// the short L1 request on top, the tiles overlap again and the one-row step keeps the L2
+/// stream's speed. The 32-column kernels' wide tiles (8 KiB ahead) measured no faster with it.
+pub(crate) fn near_l1_for(rows: usize, wide_from: usize) -> bool {
+    near_l1() && (wide_from == WIDE_SUPER_BLOCKS || rows < wide_from)
+}
+
+/// [`near_l1_for`] without the tile height: whether this CPU takes the short L1 request at all.
 pub(crate) fn near_l1() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

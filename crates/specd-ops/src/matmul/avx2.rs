@@ -388,6 +388,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
 ) {
     unsafe {
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
@@ -396,7 +397,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
             // ahead: the stream keeps flowing while the second half computes (see
             // `prefetch`, "Streaming the weights" in docs/quantisation.md).
             for (h, acc) in acc.iter_mut().enumerate() {
-                crate::prefetch::spread(pf, G::BYTES, h, 2, l2);
+                crate::prefetch::stream(blk, pf, G::BYTES, (h, 2), l2, near);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let mut ip = [_mm256_setzero_si256(); R];
                 let mut xs = [std::ptr::null::<i8>(); R];

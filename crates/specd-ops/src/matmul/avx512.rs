@@ -355,6 +355,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
             // Without the prefetch a few-row tile's compute and the weight stream take turns. A
@@ -364,6 +365,9 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
                 G::BYTES,
                 l2,
             );
+            if near {
+                crate::prefetch::whole(blk.wrapping_add(crate::prefetch::NEAR), G::BYTES, false);
+            }
             let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             G::load(blk, &mut wv);
             for r in 0..R {
