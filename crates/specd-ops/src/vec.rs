@@ -36,7 +36,7 @@ pub fn dot_kv<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -69,21 +69,47 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
 ) {
-    run(shape, state_in, state_out, inp, out, snapshots, true);
+    run(
+        shape,
+        state_in,
+        state_out,
+        inp,
+        out,
+        snapshots,
+        Rows::best(shape.d_k),
+    );
 }
 
 /// How [`run`] goes through a head: every row for one token, then the next token (the
 /// token-by-token kernel); or each row through every token, held in registers (AVX-512, the
 /// row lengths [`avx512::supports`]) or in L1 (AVX2).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Rows {
     TokenByToken,
+    #[cfg(target_arch = "x86_64")]
     InRegisters,
+    #[cfg(target_arch = "x86_64")]
     InL1,
 }
 
-/// [`gated_delta_rule`], with the rows-outer kernels allowed or not (tests compare both).
+impl Rows {
+    /// The fastest kernel this CPU's level has for rows of `d_k`.
+    fn best(d_k: usize) -> Rows {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::isa() >= crate::Isa::Avx512Vnni && avx512::supports(d_k) {
+                return Rows::InRegisters;
+            }
+            if crate::has_avx2() {
+                return Rows::InL1;
+            }
+        }
+        let _ = d_k; // no rows-outer kernel off x86
+        Rows::TokenByToken
+    }
+}
+
+/// [`gated_delta_rule`] on a chosen kernel, one this CPU can run (tests compare them).
 fn run(
     shape: GdnShape,
     state_in: &[f32],
@@ -91,7 +117,7 @@ fn run(
     inp: GdnInputs<'_>,
     out: &mut [f32],
     snapshots: Option<(&mut [f32], usize)>,
-    rows_outer: bool,
+    rows: Rows,
 ) {
     let GdnShape {
         n_k, n_v, d_k, d_v, ..
@@ -118,17 +144,17 @@ fn run(
         "gated_delta_rule: inputs shorter than {t_len} tokens"
     );
     #[cfg(target_arch = "x86_64")]
-    let rows = if !rows_outer || t_len == 0 {
-        Rows::TokenByToken
-    } else if crate::isa() >= crate::Isa::Avx512Vnni && avx512::supports(d_k) {
-        Rows::InRegisters
-    } else if crate::has_avx2() {
-        Rows::InL1
-    } else {
-        Rows::TokenByToken
-    };
+    assert!(
+        match rows {
+            Rows::TokenByToken => true,
+            Rows::InL1 => crate::has_avx2(),
+            Rows::InRegisters => crate::isa() >= crate::Isa::Avx512Vnni && avx512::supports(d_k),
+        },
+        "gated_delta_rule: no {rows:?} kernel for d_k {d_k} on this CPU"
+    );
+    let rows = if t_len == 0 { Rows::TokenByToken } else { rows };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = rows_outer; // no rows-outer kernel off x86
+    let _ = rows; // only the token-by-token kernel off x86
     assert!(
         state_out.len() == n_v * head_len && state_in.len() == n_v * head_len,
         "gated_delta_rule: state is not {n_v} heads of {head_len}"
@@ -167,9 +193,8 @@ fn run(
                 snap_stride: state_len,
                 snap_first,
             };
-            // SAFETY: the kernel's features are part of the selected level (and for the
-            // AVX-512 one `supports(d_k)` was checked); input lengths asserted above; outputs
-            // sized by the caller's contract.
+            // SAFETY: the kernel's features and row length were checked above; input lengths
+            // asserted above; outputs sized by the caller's contract.
             unsafe {
                 if rows == Rows::InRegisters {
                     avx512::run(s_in, s, d_k, &tok, &outs)
@@ -378,18 +403,17 @@ mod tests {
         }
     }
 
-    /// The rows-outer kernel of this CPU's level (rows in registers on AVX-512 where the row
-    /// length allows, in L1 on AVX2) must give the token-by-token kernel's state, outputs and
-    /// snapshots bit for bit: decode, verification batches and the rollback replay take either
-    /// path depending on the level and the row length. (Run with `SPECD_ISA=avx2` too for the L1
-    /// kernel on an AVX-512 host; d_k = 40 always takes it there.)
+    /// Every rows-outer kernel this CPU can run (rows in registers on AVX-512 where the row
+    /// length allows, in L1 on AVX2 — fused sweeps without snapshots, two passes per token with
+    /// them) must give the token-by-token kernel's state, outputs and snapshots bit for bit:
+    /// decode, verification batches and the rollback replay take either path depending on the
+    /// level and the row length.
     #[test]
     fn rows_outer_equal_token_by_token() {
-        if !crate::has_avx2() {
-            return; // only one kernel on this CPU: nothing to compare
-        }
         for d in [32, 40, 64, 96, 128] {
-            for (n_k, n_v, t_len, d_v) in [(2, 4, 1, d), (1, 2, 3, d + 1), (2, 2, 7, 5)] {
+            for (n_k, n_v, t_len, d_v) in
+                [(2, 4, 1, d), (1, 2, 3, d + 1), (2, 2, 7, 5), (1, 1, 2, 3)]
+            {
                 let shape = GdnShape {
                     n_k,
                     n_v,
@@ -416,9 +440,10 @@ mod tests {
                 };
                 let first = t_len / 2;
                 let slots = t_len - first;
-                let go = |rows_outer: bool| {
+                // (snapshots, outputs) asked for or not
+                let go = |rows: Rows, snaps: bool, outs: bool| {
                     let mut st = vec![0f32; shape.state_len()];
-                    let mut out = vec![0f32; t_len * n_v * d_v];
+                    let mut out = vec![0f32; if outs { t_len * n_v * d_v } else { 0 }];
                     let mut snap = vec![0f32; slots * shape.state_len()];
                     run(
                         shape,
@@ -426,18 +451,42 @@ mod tests {
                         &mut st,
                         inp,
                         &mut out,
-                        Some((&mut snap, first)),
-                        rows_outer,
+                        snaps.then_some((&mut snap, first)),
+                        rows,
                     );
                     (st, out, snap)
                 };
-                let (a, b) = (go(true), go(false));
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                let what = format!("d_k {d}, d_v {d_v}, {t_len} tokens");
-                assert_eq!(bits(&a.0), bits(&b.0), "state, {what}");
-                assert_eq!(bits(&a.1), bits(&b.1), "outputs, {what}");
-                assert_eq!(bits(&a.2), bits(&b.2), "snapshots, {what}");
+                for (snaps, outs) in [(true, true), (false, true), (false, false)] {
+                    let want = go(Rows::TokenByToken, snaps, outs);
+                    for rows in kernels(d) {
+                        let got = go(rows, snaps, outs);
+                        let what = format!(
+                            "{rows:?}, d_k {d}, d_v {d_v}, {t_len} tokens, snapshots {snaps}, outputs {outs}"
+                        );
+                        assert_eq!(bits(&got.0), bits(&want.0), "state, {what}");
+                        assert_eq!(bits(&got.1), bits(&want.1), "outputs, {what}");
+                        assert_eq!(bits(&got.2), bits(&want.2), "snapshots, {what}");
+                    }
+                }
             }
         }
+    }
+
+    /// The rows-outer kernels this CPU can run for rows of `d_k`.
+    fn kernels(d_k: usize) -> Vec<Rows> {
+        #[allow(unused_mut)] // pushed to on x86 only
+        let mut all = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::has_avx2() {
+                all.push(Rows::InL1);
+            }
+            if crate::isa() >= crate::Isa::Avx512Vnni && avx512::supports(d_k) {
+                all.push(Rows::InRegisters);
+            }
+        }
+        let _ = d_k;
+        all
     }
 }
