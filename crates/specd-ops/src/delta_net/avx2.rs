@@ -111,10 +111,11 @@ unsafe fn fused_rows<const R: usize>(
     }
 }
 
-/// One sweep over a row of `d_k` (a multiple of 32) values. With `FINISH`, the previous token's
-/// second pass: `x = row + dp·kp` (multiply, then add), `o = x·qp`; without, `x = from`. With
-/// `START`, the next token's first pass on `x`: `row = g·x`, `u = row·k`; without, `row = x`.
-/// Returns `(o, u)` (0 for a pass not done), each reduced in [`crate::vec::dot`]'s order.
+/// One sweep over `d_k` (a multiple of 32) values read from `from` as `x` and written to `row`
+/// (the same row, but for a run's first sweep, which reads the input state). With `FINISH`, the
+/// previous token's second pass: `x += dp·kp` (multiply, then add), `o = x·qp`. With `START`,
+/// the next token's first pass: `x = g·x`, `u = x·k`. Returns `(o, u)` (0 for a pass not done),
+/// each reduced in [`crate::vec::dot`]'s order.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn sweep<const FINISH: bool, const START: bool>(
