@@ -73,7 +73,7 @@ pub(crate) const NEAR: usize = 1024;
 /// turns; from L1 alone they overlap but the stream is slower (figures in BENCHMARKS.md). With
 /// the short L1 request on top, the tiles overlap again and the one-row step keeps the L2
 /// stream's speed. The 32-column kernels' wide tiles (8 KiB ahead) measured no faster with it;
-/// their narrow tiles streamed 5–10 % faster at AVX2 and the same at AVX-512.
+/// their narrow tiles streamed 4–10 % faster at AVX2, the same or a little faster at AVX-512.
 pub(crate) fn near_l1_for(rows: usize, wide_from: usize) -> bool {
     near_l1() && (wide_from == WIDE_SUPER_BLOCKS || rows < wide_from)
 }

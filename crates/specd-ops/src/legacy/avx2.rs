@@ -57,6 +57,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
         let gbb = f.group_block_bytes();
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
@@ -64,7 +65,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
             // Both halves of a block before the next one, each requesting half of the lines
             // ahead, so that the stream flows while either half computes (see `prefetch`).
             for (h, acc) in acc.iter_mut().enumerate() {
-                crate::prefetch::spread(pf, gbb, h, 2, l2);
+                crate::prefetch::stream(blk, pf, gbb, (h, 2), l2, near);
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let ms = if f.has_min() {
                     _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * h) as *const __m128i))
