@@ -9,8 +9,8 @@
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
 //! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for
 //! one row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`],
-//! [`into_l2`]) — with a second, short-range request into L1 in the super-block kernels
-//! ([`near_l1`]) — on AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in
+//! [`into_l2`]) — with a second, short-range request into L1 in the super-block kernels and the
+//! 32-column kernels' narrow tiles ([`near_l1_for`]) — on AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in
 //! BENCHMARKS.md).
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at

@@ -37,30 +37,50 @@ pub(super) unsafe fn run(
 ) {
     let d_v = dst.len() / d_k;
     let fused = d_k.is_multiple_of(32) && o.snap.is_null();
+    let (s0, d0) = (src.as_ptr(), dst.as_mut_ptr());
     // SAFETY: rows `vi..vi + n` exist (`row_pairs`); the rest is the caller's contract.
     super::row_pairs(src, d_k, d_v, |vi, n| unsafe {
         match (fused, n) {
-            (true, 2) => fused_rows::<2>(src, dst, d_k, vi, tok, o),
-            (true, _) => fused_rows::<1>(src, dst, d_k, vi, tok, o),
-            (false, 2) => pass_rows::<2>(src, dst, d_k, vi, tok, o),
-            (false, _) => pass_rows::<1>(src, dst, d_k, vi, tok, o),
+            (true, 2) => fused_rows(rows_at::<2>(s0, d0, vi * d_k, d_k), d_k, vi, tok, o),
+            (true, _) => fused_rows(rows_at::<1>(s0, d0, vi * d_k, d_k), d_k, vi, tok, o),
+            (false, 2) => pass_rows(rows_at::<2>(s0, d0, vi * d_k, d_k), d_k, vi, tok, o),
+            (false, _) => pass_rows(rows_at::<1>(s0, d0, vi * d_k, d_k), d_k, vi, tok, o),
         }
     });
+}
+
+/// `R` rows as (input state, output state) pointers.
+type RowPtrs<const R: usize> = ([*const f32; R], [*mut f32; R]);
+
+/// The `R` rows of `d_k` values from offset `at` of the input and output states.
+///
+/// # Safety
+/// Both states hold `at + R·d_k` values.
+#[inline(always)]
+unsafe fn rows_at<const R: usize>(
+    src: *const f32,
+    dst: *mut f32,
+    at: usize,
+    d_k: usize,
+) -> RowPtrs<R> {
+    unsafe {
+        (
+            std::array::from_fn(|r| src.add(at + r * d_k)),
+            std::array::from_fn(|r| dst.add(at + r * d_k)),
+        )
+    }
 }
 
 /// Rows `vi0..vi0 + R` through every token of `tok`, in `tok.n + 1` sweeps per row ([`sweep`]).
 #[inline(always)]
 unsafe fn fused_rows<const R: usize>(
-    src: &[f32],
-    dst: &mut [f32],
+    (from, row): RowPtrs<R>,
     d_k: usize,
     vi0: usize,
     tok: &HeadTokens<'_>,
     o: &HeadOutputs,
 ) {
     unsafe {
-        let from: [*const f32; R] = std::array::from_fn(|r| src.as_ptr().add((vi0 + r) * d_k));
-        let row: [*mut f32; R] = std::array::from_fn(|r| dst.as_mut_ptr().add((vi0 + r) * d_k));
         let k = |t: usize| tok.k.as_ptr().add(t * tok.qk_stride);
         let q = |t: usize| tok.q.as_ptr().add(t * tok.qk_stride);
         let decay = |t: usize| *tok.decay.get_unchecked(t * tok.gb_stride);
@@ -164,18 +184,16 @@ unsafe fn sweep<const FINISH: bool, const START: bool>(
 /// kernel's [`crate::vec::delta_rows_avx2`], rows in lockstep), storing snapshots if asked.
 #[inline(always)]
 unsafe fn pass_rows<const R: usize>(
-    src: &[f32],
-    dst: &mut [f32],
+    (src, row): RowPtrs<R>,
     d_k: usize,
     vi0: usize,
     tok: &HeadTokens<'_>,
     o: &HeadOutputs,
 ) {
     unsafe {
-        let row: [*mut f32; R] = std::array::from_fn(|r| dst.as_mut_ptr().add((vi0 + r) * d_k));
         for t in 0..tok.n {
-            let from: [*const f32; R] = if t == 0 {
-                std::array::from_fn(|r| src.as_ptr().add((vi0 + r) * d_k))
+            let from = if t == 0 {
+                src
             } else {
                 row.map(|p| p as *const f32)
             };
