@@ -33,6 +33,7 @@ mod amx;
 pub mod attention;
 pub mod conv;
 pub mod delta_net;
+pub mod huge_pages;
 pub mod kquant;
 pub mod legacy;
 pub mod matmul;

@@ -25,6 +25,7 @@
 //! Sizes are unchanged. Rows past the last whole group (only in small test matrices) follow in
 //! the plain ggml layout.
 
+use crate::huge_pages::HugeBuf;
 use crate::weight::{Weight, WeightType};
 use crate::OpsError;
 use half::f16;
@@ -91,7 +92,7 @@ pub fn pack(w: &Weight) -> Result<Weight, OpsError> {
     let groups = w.rows / GROUP;
     let gb = GROUP * rb;
     let src = w.bytes();
-    let mut out = vec![0u8; src.len()];
+    let mut out = HugeBuf::zeroed(src.len());
     let (grouped, tail) = out.split_at_mut(groups * gb);
     grouped
         .par_chunks_mut(gb)

@@ -201,14 +201,15 @@ impl Weight {
         Weight::new(WeightType::F32, rows, cols, Arc::new(bytes), 0, len)
     }
 
-    /// Owned matrix from raw bytes of the given type.
+    /// Owned matrix from raw bytes of the given type (a `Vec<u8>`, or the
+    /// [`crate::huge_pages::HugeBuf`] a repack writes into).
     pub fn from_bytes(
         wtype: WeightType,
         rows: usize,
         cols: usize,
-        bytes: Vec<u8>,
+        bytes: impl ByteSource + 'static,
     ) -> Result<Self, OpsError> {
-        let len = bytes.len();
+        let len = bytes.as_bytes().len();
         Weight::new(wtype, rows, cols, Arc::new(bytes), 0, len)
     }
 

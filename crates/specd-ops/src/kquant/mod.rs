@@ -57,6 +57,7 @@ mod q23_avx2;
 #[cfg(target_arch = "x86_64")]
 mod q23_avx512;
 
+use crate::huge_pages::HugeBuf;
 use crate::matmul::{run_grouped, Grouped, AMX_MIN_ROWS, TILE};
 use crate::pack::GROUP;
 use crate::parallel::SyncPtr;
@@ -478,12 +479,12 @@ fn read_group_row(fmt: KFormat, g: &[u8], j: usize) -> Decoded {
 }
 
 /// Repacks a ggml-layout matrix of `fmt` (`bytes`: `rows` rows) into the interleaved layout.
-pub(crate) fn pack(fmt: KFormat, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(fmt: KFormat, rows: usize, cols: usize, src: &[u8]) -> HugeBuf {
     let nbk = cols / QK_K;
     let rb = nbk * fmt.block_bytes();
     let groups = rows / GROUP;
     let gbb = fmt.group_block_bytes();
-    let mut out = vec![0u8; groups * nbk * gbb + (rows - groups * GROUP) * rb];
+    let mut out = HugeBuf::zeroed(groups * nbk * gbb + (rows - groups * GROUP) * rb);
     let (grouped, tail) = out.split_at_mut(groups * nbk * gbb);
     grouped
         .par_chunks_mut(nbk * gbb)

@@ -41,6 +41,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+use crate::huge_pages::HugeBuf;
 use crate::matmul::{run_grouped, Grouped};
 use crate::pack::GROUP;
 use crate::parallel::SyncPtr;
@@ -243,13 +244,13 @@ pub(crate) fn dequantize_ggml(fmt: LegacyFormat, bytes: &[u8], out: &mut [f32]) 
 
 /// Repacks a ggml-layout matrix of `fmt` (`src`: `rows` rows) into the interleaved layout (same
 /// size).
-pub(crate) fn pack(fmt: LegacyFormat, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(fmt: LegacyFormat, rows: usize, cols: usize, src: &[u8]) -> HugeBuf {
     let nb = cols / QK;
     let bb = fmt.block_bytes();
     let rb = nb * bb;
     let groups = rows / GROUP;
     let gbb = fmt.group_block_bytes();
-    let mut out = vec![0u8; src.len()];
+    let mut out = HugeBuf::zeroed(src.len());
     let (grouped, tail) = out.split_at_mut(groups * GROUP * rb);
     grouped
         .par_chunks_mut(nb * gbb)
