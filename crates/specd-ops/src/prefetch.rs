@@ -9,9 +9,8 @@
 //! its own loads: it streamed at about a third of what one row streams. Issued a slice per
 //! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for
 //! one row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`],
-//! [`into_l2`]) — with a second, short-range request into L1 in the super-block kernels and the
-//! 32-column kernels' narrow tiles ([`near_l1_for`]) — on AMD into L1 (`docs/quantisation.md`, "Streaming the weights"; figures in
-//! BENCHMARKS.md).
+//! [`into_l2`]) — with a second, short-range request into L1 ([`near_l1`]) — on AMD into L1
+//! (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
 /// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
@@ -27,8 +26,9 @@ pub(crate) const fn ahead(rows: usize, wide_from: usize) -> usize {
 }
 
 /// `wide_from` for kernels over blocks of 32 columns (Q8_0, Q4_0, IQ4_NL, the legacy types):
-/// 4 and 8 rows were both faster at 8 KiB.
-pub(crate) const WIDE_BLOCKS: usize = 4;
+/// 8 rows are faster at 8 KiB; 4 rows were too on 4 KiB pages, but on huge pages
+/// ([`crate::huge_pages`]), with the [`NEAR`] request, they are faster at 4 KiB.
+pub(crate) const WIDE_BLOCKS: usize = 5;
 /// `wide_from` for the super-block kernels, which do more arithmetic per byte: 8 rows were faster
 /// at 8 KiB, 4 rows not.
 pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
@@ -62,23 +62,17 @@ pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
     intel_l2() && !(wide_from == WIDE_SUPER_BLOCKS && rows >= wide_from)
 }
 
-/// Bytes ahead of the current block that a kernel also prefetches into L1 where [`near_l1_for`]
+/// Bytes ahead of the current block that a kernel also prefetches into L1 where [`near_l1`]
 /// says so: a second, short-range request for lines the far one has brought to L2.
 pub(crate) const NEAR: usize = 1024;
 
-/// Whether a tile of `rows` activation rows of a kernel family whose wide tiles start at
-/// `wide_from` adds the [`NEAR`] L1 prefetch to its stream: where the stream goes to L2
-/// ([`intel_l2`]), in every super-block kernel and in the 32-column kernels' narrow tiles. From
-/// L2 alone, a tile waits for each line's move into L1 and its arithmetic and the stream take
-/// turns; from L1 alone they overlap but the stream is slower (figures in BENCHMARKS.md). With
-/// the short L1 request on top, the tiles overlap again and the one-row step keeps the L2
-/// stream's speed. The 32-column kernels' wide tiles (8 KiB ahead) measured no faster with it;
-/// their narrow tiles streamed 4–10 % faster at AVX2, the same or a little faster at AVX-512.
-pub(crate) fn near_l1_for(rows: usize, wide_from: usize) -> bool {
-    near_l1() && (wide_from == WIDE_SUPER_BLOCKS || rows < wide_from)
-}
-
-/// [`near_l1_for`] without the tile height: whether this CPU takes the short L1 request at all.
+/// Whether the kernels add the [`NEAR`] L1 prefetch to their stream, for every tile: where the
+/// stream goes to L2 ([`intel_l2`]). From L2 alone, a tile waits for each line's move into L1
+/// and its arithmetic and the stream take turns; from L1 alone they overlap but the stream is
+/// slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles overlap again
+/// and the one-row step keeps the L2 stream's speed. (On 4 KiB pages the 32-column kernels' wide
+/// tiles measured no faster with it and went without; on the huge pages the weights now live on
+/// ([`crate::huge_pages`]) their 8-row tiles ran 4–9 % faster with it at AVX-512.)
 pub(crate) fn near_l1() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -125,7 +119,7 @@ fn spread_offsets(bytes: usize, part: usize, parts: usize) -> impl Iterator<Item
 }
 
 /// A kernel's share of the stream for one step: slice `part` of `parts` of the
-/// `bytes` bytes at `far` (into L2 if `l2`, see [`into_l2`]) and, if `near` ([`near_l1_for`]), the
+/// `bytes` bytes at `far` (into L2 if `l2`, see [`into_l2`]) and, if `near` ([`near_l1`]), the
 /// same slice [`NEAR`] bytes past the block at `blk` into L1 — each issued by [`spread`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -250,7 +250,7 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_SUPER_BLOCKS);
-        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_SUPER_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nbk {
             let blk = w.add(b * gbb);
             let pf = blk.wrapping_add(crate::prefetch::ahead(

@@ -57,7 +57,7 @@ unsafe fn body<F: Fmt, const R: usize, const VNNI: bool>(
         let gbb = f.group_block_bytes();
         let mut wv = [_mm256_setzero_si256(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1();
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..p.nb {
             let blk = w.add(b * gbb);

@@ -68,7 +68,7 @@ unsafe fn kernel<F: Fmt, const R: usize>(w: *const u8, p: ActPtrs, out: *mut f32
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..p.nb {
             let blk = w.add(b * gbb);
             // A block of 32 columns spans 5–7 lines, requested at once (see `prefetch`).

@@ -388,7 +388,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize, const VNNI: bool>(
 ) {
     unsafe {
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1();
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);

@@ -355,7 +355,7 @@ unsafe fn dot_r16_body<G: GroupBlock, const R: usize>(
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wv = [_mm512_setzero_si512(); 8];
         let l2 = crate::prefetch::into_l2(R, crate::prefetch::WIDE_BLOCKS);
-        let near = crate::prefetch::near_l1_for(R, crate::prefetch::WIDE_BLOCKS);
+        let near = crate::prefetch::near_l1();
         for b in 0..nb {
             let blk = w.add(b * G::BYTES);
             // Without the prefetch a few-row tile's compute and the weight stream take turns. A
