@@ -98,9 +98,68 @@ pub fn for_each_min(n: usize, min_len: usize, f: impl Fn(usize) + Sync) {
     });
 }
 
+/// Splits runs of independent items — `runs[i]` items in run `i`, one after another — into
+/// chunks for the current pool's threads to claim in order: each chunk takes its share of what
+/// is left of *all* runs (1 / (2 · threads) of it, at least `min` items, never past its run's
+/// end), so a region starts with long chunks and ends with short ones. Returns `(run, range)`
+/// pairs in claiming order. Equal chunks leave the thread that claims the last one working
+/// alone for up to a whole chunk; shrinking chunks keep that to `min` items without cutting the
+/// whole region into short stretches (each chunk of a matmul is a stretch of the weight stream
+/// that starts cold).
+pub fn guided_chunks(runs: &[usize], min: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+    let share = 2 * n_threads();
+    let mut left: usize = runs.iter().sum();
+    let mut out = Vec::new();
+    for (i, &n) in runs.iter().enumerate() {
+        let mut at = 0;
+        while at < n {
+            let len = left.div_ceil(share).max(min.max(1)).min(n - at);
+            out.push((i, at..at + len));
+            at += len;
+            left -= len;
+        }
+    }
+    out
+}
+
 /// Chunk length for splitting `n` independent items over the current pool: [`CHUNKS_PER_THREAD`]
 /// chunks per thread, rounded up to `align`, at least `min`.
 pub fn chunk_len(n: usize, align: usize, min: usize) -> usize {
     let per = n.div_ceil(n_threads() * CHUNKS_PER_THREAD).max(min);
     per.div_ceil(align) * align
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guided_chunks;
+
+    /// Every item of every run is in exactly one chunk, in order; chunks never cross a run's
+    /// end, are at least `min` long unless their run ends, and shrink toward the region's end.
+    #[test]
+    fn guided_chunks_cover_each_run_once_and_shrink() {
+        let pool = crate::pool::Pool::new(2).expect("pool");
+        pool.install(|| {
+            for runs in [vec![224], vec![64, 224, 224], vec![0, 3, 1], vec![1000, 5]] {
+                let chunks = guided_chunks(&runs, 4);
+                let mut next = vec![0; runs.len()];
+                let mut last_run = 0;
+                for (i, r) in &chunks {
+                    assert!(*i >= last_run, "runs in order: {chunks:?}");
+                    last_run = *i;
+                    assert_eq!(r.start, next[*i], "{chunks:?}");
+                    assert!(!r.is_empty() && r.end <= runs[*i]);
+                    assert!(r.len() >= 4 || r.end == runs[*i], "{chunks:?}");
+                    next[*i] = r.end;
+                }
+                assert_eq!(next, runs);
+                // A thread is left alone for at most one shortest chunk at the end.
+                let lens: Vec<usize> = chunks.iter().map(|(_, r)| r.len()).collect();
+                if runs == [224] {
+                    assert_eq!(lens[0], 56);
+                    assert!(lens.windows(2).all(|w| w[1] <= w[0]), "{lens:?}");
+                    assert!(*lens.last().unwrap_or(&0) <= 4, "{lens:?}");
+                }
+            }
+        });
+    }
 }

@@ -312,6 +312,10 @@ impl I8Acts {
     }
 }
 
+/// Fewest groups of 16 rows a thread claims at a time in [`run_grouped`] (the last chunks of a
+/// region; earlier ones are longer, see [`crate::parallel::guided_chunks`]).
+const MIN_CHUNK_GROUPS: usize = 4;
+
 /// Where a matrix in a 16-row interleaved layout keeps its groups and its tail rows.
 pub(crate) struct Grouped<'a> {
     pub w: &'a Weight,
@@ -325,8 +329,9 @@ pub(crate) struct Grouped<'a> {
 }
 
 /// The driver of every interleaved layout: threads split each matrix's groups of 16 output
-/// columns (plus one item per matrix for its tail rows, if any) — all matrices' items in one
-/// parallel region; activation rows are walked in cache-sized blocks and tiles of up to `tile`
+/// columns, in chunks that shrink toward the end of the region ([`crate::parallel::guided_chunks`]),
+/// plus one item per matrix for its tail rows, if any — all matrices' items in one parallel
+/// region; activation rows are walked in cache-sized blocks and tiles of up to `tile`
 /// rows (`TILE`, or [`ROW_BLOCK`] where the kernels take [`amx_tile`]'s wide tiles).
 /// `group(ti, group_bytes, r, t, out, ostride)` computes activation rows `r..r+t` against one
 /// group of matrix `ti`; `tail(ti, row_bytes, i)` one tail row against activation row `i`. Shapes
@@ -336,25 +341,27 @@ where
     G: Fn(usize, &[u8], usize, usize, &mut [f32], usize) + Sync,
     T: Fn(usize, &[u8], usize) -> f32 + Sync,
 {
-    // (matrix, chunk of groups; the chunk past the last is the tail item)
-    let mut items = Vec::new();
-    let mut chunks = Vec::with_capacity(targets.len());
-    for (ti, t) in targets.iter().enumerate() {
-        let chunk = chunk_len(t.groups, 1, 1);
-        let n_chunks = t.groups.div_ceil(chunk);
-        let tail = usize::from(t.groups * GROUP < t.w.rows);
-        items.extend((0..n_chunks + tail).map(|c| (ti, c)));
-        chunks.push((chunk, n_chunks));
-    }
+    // (matrix, range of its groups), in claiming order; then one item per matrix with tail rows
+    // (`None`).
+    let runs: Vec<usize> = targets.iter().map(|t| t.groups).collect();
+    let mut items: Vec<(usize, Option<std::ops::Range<usize>>)> =
+        crate::parallel::guided_chunks(&runs, MIN_CHUNK_GROUPS)
+            .into_iter()
+            .map(|(ti, r)| (ti, Some(r)))
+            .collect();
+    items.extend(
+        (0..targets.len())
+            .filter(|&ti| targets[ti].groups * GROUP < targets[ti].w.rows)
+            .map(|ti| (ti, None)),
+    );
     crate::parallel::for_each(items.len(), |k| {
-        let (ti, c) = items[k];
+        let (ti, ref range) = items[k];
         let t = &targets[ti];
-        let (chunk, n_chunks) = chunks[ti];
         let rows = t.w.rows;
         let (groups, gbytes) = (t.groups, t.group_bytes);
         let bytes = t.w.bytes();
         let out_ptr = t.out;
-        if c == n_chunks {
+        let Some(range) = range.clone() else {
             let (base, rb) = (groups * gbytes, t.tail_row_bytes);
             for o in groups * GROUP..rows {
                 let at = base + (o - groups * GROUP) * rb;
@@ -366,8 +373,8 @@ where
                 }
             }
             return;
-        }
-        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
+        };
+        let (g0, g1) = (range.start, range.end);
         for r0 in (0..n).step_by(ROW_BLOCK) {
             let r1 = (r0 + ROW_BLOCK).min(n);
             for g in g0..g1 {
