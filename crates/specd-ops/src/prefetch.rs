@@ -66,10 +66,10 @@ pub(crate) fn into_l2(rows: usize, wide_from: usize) -> bool {
 /// says so: a second, short-range request for lines the far one has brought to L2.
 pub(crate) const NEAR: usize = 1024;
 
-/// Whether the kernels add the [`NEAR`] L1 prefetch to their stream, for every tile: where the
-/// stream goes to L2 ([`intel_l2`]). From L2 alone, a tile waits for each line's move into L1
-/// and its arithmetic and the stream take turns; from L1 alone they overlap but the stream is
-/// slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles overlap again
+/// Whether the kernels add the [`NEAR`] L1 prefetch to their stream, in every tile but the AMX
+/// ones: where the stream goes to L2 ([`intel_l2`]). From L2 alone, a tile waits for each line's
+/// move into L1 and its arithmetic and the stream take turns; from L1 alone they overlap but the
+/// stream is slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles overlap again
 /// and the one-row step keeps the L2 stream's speed. (On 4 KiB pages the 32-column kernels' wide
 /// tiles measured no faster with it and went without; on the huge pages the weights now live on
 /// ([`crate::huge_pages`]) their 8-row tiles ran 4–9 % faster with it at AVX-512.)
