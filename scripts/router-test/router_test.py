@@ -159,9 +159,13 @@ class Cluster:
              "--worker-urls", *self.urls,
              "--policy", "manual", "--assignment-mode", "min_group",
              "--health-check-interval-secs", "1",
-             # A killed worker's circuit breaker opens; it is tried again after this long
-             # (default 60 s).
-             "--cb-timeout-duration-secs", "5", "--log-level", "info"],
+             # A request whose worker is dead is retried (5 attempts in all, ~0.5 s), on the same
+             # worker while that worker's circuit breaker is closed: with the default threshold
+             # (10 failures) two such requests can use up their attempts before it opens, so it
+             # opens after 3 and every request's 4th attempt goes to a live worker. It is tried
+             # again after --cb-timeout-duration-secs (default 60 s).
+             "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5",
+             "--log-level", "info"],
         )
 
     def chat(self, key, messages, max_tokens, extra=None, timeout=60):
