@@ -36,9 +36,8 @@ pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
 /// Whether the kernels prefetch into L2 (`prefetcht1`) rather than L1 (`prefetcht0`), decided
 /// once per process: on Intel CPUs yes, on the others no; `SPECD_PREFETCH=l1|l2` overrides (A/B
 /// measurements). On an Intel Xeon the L1 prefetches held up the tiles' own loads (one-row
-/// steps and 4-row tiles ran faster into L2; BENCHMARKS.md). On AMD Zen 5 an earlier comparison
-/// (prefetches then issued in one burst) found the two alike, so L1 stays there until measured
-/// again.
+/// steps and 4-row tiles ran faster into L2; BENCHMARKS.md). On AMD, L1: Zen 5 measured the two
+/// alike (prefetches then issued in one burst), Zen 4 generated faster into L1 (BENCHMARKS.md).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn intel_l2() -> bool {
     use std::sync::OnceLock;
