@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// them for every query row, so long contexts make wide batches dearer.
     #[arg(long = "width-depth", default_value_t = 32)]
     pub width_depth: usize,
+    /// Round-robin rounds of the width test; each width's fastest round is reported (more rounds:
+    /// steadier figures on a noisy host, and a longer run to profile).
+    #[arg(long = "width-rounds", default_value_t = 8)]
+    pub width_rounds: usize,
     /// Verification widths to time, in rows (comma list; one row is always timed too: it is what
     /// the others are divided by).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
@@ -171,9 +175,6 @@ struct Report {
     synth: Vec<SpecRow>,
 }
 
-/// Rounds of the verification-width test.
-const WIDTH_ROUNDS: usize = 8;
-
 #[derive(Serialize)]
 struct SpeedResult {
     pp_tokens: usize,
@@ -182,8 +183,10 @@ struct SpeedResult {
     tg_tok_s: f64,
     /// Tokens in memory before each timed verification batch.
     width_depth: usize,
+    /// Round-robin rounds of the width test.
+    width_rounds: usize,
     /// Milliseconds of one decode call by verification width (1, 2, 4, 8, 16 rows), fastest of
-    /// `WIDTH_ROUNDS` round-robin rounds.
+    /// `--width-rounds` round-robin rounds.
     verify_ms_by_width: Vec<(usize, f64)>,
 }
 
@@ -240,6 +243,9 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     if a.n_prompt == 0 || a.n_gen == 0 {
         bail!("--n-prompt and --n-gen must be at least 1");
     }
+    if a.width_rounds == 0 {
+        bail!("--width-rounds must be at least 1");
+    }
     let n_vocab = model.config().n_vocab as u32;
     let cfg = MemoryConfig {
         // The width test rolls every batch back, so it needs depth + the widest batch, and a
@@ -254,7 +260,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     let toks: Vec<u32> = (0..a.n_prompt.max(depth + widest) as u32)
         .map(|i| (i * 7919 + 13) % n_vocab)
         .collect();
-    let pb = bar(a.reps * 2 + WIDTH_ROUNDS, "speed");
+    let pb = bar(a.reps * 2 + a.width_rounds, "speed");
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     // Steps decode into one output, as the engine's rounds do: its logits buffer (megabytes for
@@ -298,7 +304,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         mems.push(mem);
     }
     let mut best = vec![f64::INFINITY; widths_list.len()];
-    for _ in 0..WIDTH_ROUNDS {
+    for _ in 0..a.width_rounds {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
             let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);
             let t0 = Instant::now();
@@ -316,6 +322,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         tg_tokens: a.n_gen,
         tg_tok_s: median(tg),
         width_depth: depth,
+        width_rounds: a.width_rounds,
         verify_ms_by_width: widths,
     })
 }

@@ -32,12 +32,13 @@ fn report(extra: &[&str]) -> Value {
 }
 
 /// The verification widths are timed at the depth asked for (every batch rolled back, so all
-/// rounds see that depth), and the report says which depth it was.
+/// rounds see that depth), over the rounds asked for, and the report says both.
 #[test]
 fn width_test_runs_at_the_requested_depth() {
-    let rep = report(&["--width-depth", "300"]);
+    let rep = report(&["--width-depth", "300", "--width-rounds", "2"]);
     let s = &rep["speed"];
     assert_eq!(s["width_depth"], 300);
+    assert_eq!(s["width_rounds"], 2);
     let widths: Vec<(u64, f64)> = s["verify_ms_by_width"]
         .as_array()
         .expect("widths")
@@ -74,6 +75,7 @@ fn empty_tests_are_errors() {
         ("--width-depth", "0"),
         ("--n-prompt", "0"),
         ("--widths", "0"),
+        ("--width-rounds", "0"),
     ] {
         let out = speed(&[flag, value]);
         assert!(!out.status.success(), "{flag} {value} was accepted");
