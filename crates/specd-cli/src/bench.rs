@@ -158,7 +158,8 @@ fn emit_json(json: Option<&Path>, report: &impl Serialize) -> Result<bool> {
         println!("{text}");
         return Ok(true);
     }
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    specd_server::atomic_file::write(path, (text + "\n").as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(false)
 }
 
@@ -280,13 +281,12 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
             &mut mem,
             &Batch::from_tokens(&toks[..1], 0, 0, true),
             &mut out,
-            &mut |_| {},
         )?;
         let t0 = Instant::now();
         for i in 1..=a.n_gen {
             let t = (i as u32 * 104_729) % n_vocab;
             let b = Batch::from_tokens(&[t], i as u32, 0, true);
-            model.decode_into(&mut mem, &b, &mut out, &mut |_| {})?;
+            model.decode_into(&mut mem, &b, &mut out)?;
         }
         tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
@@ -308,7 +308,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
             let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);
             let t0 = Instant::now();
-            model.decode_into(mem, &rows, &mut out, &mut |_| {})?;
+            model.decode_into(mem, &rows, &mut out)?;
             *best = best.min(t0.elapsed().as_secs_f64() * 1e3);
             model.install(|| mem.rollback(0, w))?;
         }

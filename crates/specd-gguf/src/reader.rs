@@ -252,7 +252,10 @@ impl<'a> Cursor<'a> {
                 let et = ValueType::from_id(et_id).ok_or_else(|| {
                     GgufError::Invalid(format!("'{key}': unknown array element type {et_id}"))
                 })?;
-                let n = self.count(v2, 1, &w)?;
+                // Each element takes at least its type's encoded size, so a count the file
+                // cannot hold is refused here, and the vector's capacity is bounded by the bytes
+                // left (a value in memory is at most 32 bytes: a bounded multiple of the file).
+                let n = self.count(v2, et.min_encoded_size(), &w)?;
                 let mut v = Vec::with_capacity(n.min(1 << 20));
                 for _ in 0..n {
                     v.push(self.value(et, v2, key, depth + 1)?);
@@ -261,6 +264,76 @@ impl<'a> Cursor<'a> {
             }
         })
     }
+}
+
+/// Tensor names are shorter than ggml's `GGML_MAX_NAME` (64 bytes), which llama.cpp's reader
+/// requires too.
+const MAX_TENSOR_NAME: usize = 64;
+
+/// The data section's layout as llama.cpp's reader requires it (`gguf.cpp`: each tensor's offset
+/// is the end of the one before it in index order, padded to the alignment), so every file that
+/// llama.cpp loads passes. A tensor whose type or shape in the index does not match its bytes (a
+/// type id changed from F32 to Q4_0 keeps the data in bounds but shrinks its size) then shows as
+/// a gap, an overlap, or bytes left after the last tensor, and is named.
+fn check_layout(
+    tensors: &[TensorInfo],
+    data_start: u64,
+    file_len: u64,
+    alignment: u64,
+) -> Result<(), GgufError> {
+    let mut expected = 0u64;
+    let mut prev: Option<&TensorInfo> = None;
+    for t in tensors {
+        if t.offset != expected {
+            return Err(match prev {
+                // The tensor before is the suspect: its size in the index is not what it holds.
+                Some(p) => GgufError::BadTensor {
+                    name: p.name.clone(),
+                    detail: format!(
+                        "its {} data of shape {:?} ({} bytes) ends at offset {expected} with \
+                         padding, but the next tensor '{}' starts at {} (tensors follow each \
+                         other in index order, each padded to {alignment} bytes): its type or \
+                         shape in the index does not match the data",
+                        p.ttype,
+                        p.dims,
+                        p.n_bytes(),
+                        t.name,
+                        t.offset
+                    ),
+                },
+                None => GgufError::BadTensor {
+                    name: t.name.clone(),
+                    detail: format!(
+                        "data offset {} for the first tensor (expected 0: tensors follow each \
+                         other in index order)",
+                        t.offset
+                    ),
+                },
+            });
+        }
+        // In bounds (checked before), so neither sum overflows.
+        expected = (t.offset + t.n_bytes()).div_ceil(alignment) * alignment;
+        prev = Some(t);
+    }
+    if let Some(last) = tensors.last() {
+        let end = data_start + last.offset + last.n_bytes();
+        let left = file_len - end;
+        if left >= alignment {
+            return Err(GgufError::BadTensor {
+                name: last.name.clone(),
+                detail: format!(
+                    "{left} bytes follow its data, the last tensor's ({} of shape {:?}, {} \
+                     bytes; at most {} of padding expected): its type or shape in the index \
+                     does not match the data",
+                    last.ttype,
+                    last.dims,
+                    last.n_bytes(),
+                    alignment - 1
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl GgufFile {
@@ -336,6 +409,14 @@ impl GgufFile {
             if name.is_empty() {
                 // Typically zeros where a tensor info should be: a corrupt tensor count.
                 return Err(GgufError::Invalid(format!("tensor {i} has an empty name")));
+            }
+            if name.len() >= MAX_TENSOR_NAME {
+                let shown: String = name.chars().take(MAX_TENSOR_NAME).collect();
+                return Err(GgufError::Invalid(format!(
+                    "tensor {i}: name of {} bytes ('{shown}…'; at most {} allowed)",
+                    name.len(),
+                    MAX_TENSOR_NAME - 1
+                )));
             }
             let nd = c.u32(&|| format!("dimension count of '{name}'"))? as usize;
             if nd == 0 || nd > 4 {
@@ -414,21 +495,7 @@ impl GgufFile {
                 });
             }
         }
-        // Overlapping tensors mean a corrupt index.
-        let mut spans: Vec<(u64, u64, usize)> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.offset, t.offset + t.n_bytes(), i))
-            .collect();
-        spans.sort();
-        for w in spans.windows(2) {
-            if w[1].0 < w[0].1 {
-                return Err(GgufError::BadTensor {
-                    name: tensors[w[1].2].name.clone(),
-                    detail: "data overlaps another tensor".into(),
-                });
-            }
-        }
+        check_layout(&tensors, data_start, file_len, alignment)?;
         Ok(GgufFile {
             storage: Arc::new(storage),
             version,

@@ -39,6 +39,20 @@ impl ValueType {
             _ => return None,
         })
     }
+
+    /// The fewest bytes one value of this type takes in a file: its fixed size, or the length
+    /// (8) of a string, or the element type and count (12) of an array. A count of items can be
+    /// checked against the bytes left before anything is sized by it.
+    pub fn min_encoded_size(self) -> usize {
+        use ValueType::*;
+        match self {
+            U8 | I8 | Bool => 1,
+            U16 | I16 => 2,
+            U32 | I32 | F32 => 4,
+            U64 | I64 | F64 | String => 8,
+            Array => 12,
+        }
+    }
 }
 
 /// A metadata value.

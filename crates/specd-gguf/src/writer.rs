@@ -362,6 +362,8 @@ impl GgufWriter {
             counter.write_all(&vec![0u8; pad as usize]).map_err(io)?;
         }
         counter.flush().map_err(io)?;
+        // On disk before the rename, so a crash leaves the old file or the whole new one.
+        w.get_ref().sync_all().map_err(io)?;
         drop(w);
         std::fs::rename(&tmp, path).map_err(io)?;
         Ok(())

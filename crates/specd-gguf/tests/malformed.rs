@@ -284,11 +284,19 @@ fn tensor_data_out_of_bounds() {
     g.tensors[0].dims = vec![1 << 32, 1 << 32, 1 << 32];
     let e = err(&g.encode().0);
     assert_names(&e, "'blk.0.attn_q.weight'");
-    // Two tensors claiming the same bytes.
+    // Two tensors claiming the same bytes: the one before the misplaced one is named.
     let mut g = sample();
     g.tensors[2].offset = g.tensors[0].offset;
     let e = err(&g.encode().0);
-    assert_names(&e, "overlaps");
+    assert_names(&e, "'blk.0.ffn_up.weight'");
+    assert_names(&e, "next tensor 'output_norm.weight' starts at 0");
+    // A type in the index that does not match the data (F32 read as F16: half the size, in
+    // bounds) leaves a gap before the next tensor.
+    let mut g = sample();
+    g.tensors[0].type_id = TensorType::F16.id();
+    let e = err(&g.encode().0);
+    assert_names(&e, "'blk.0.attn_q.weight'");
+    assert_names(&e, "does not match the data");
 }
 
 #[test]

@@ -85,6 +85,7 @@ impl ModelConfig {
         let p = |k: &str| format!("{arch_name}.{k}");
         let n_embd = g.get_u32(&p("embedding_length"))? as usize;
         let block_count = g.get_u32(&p("block_count"))? as usize;
+        check_block_count(g, &p("block_count"), block_count)?;
         let n_nextn = g.get_opt_u32(&p("nextn_predict_layers"))?.unwrap_or(0) as usize;
         if n_nextn > block_count {
             return Err(ModelError::Invalid(format!(
@@ -183,6 +184,50 @@ impl ModelConfig {
     pub fn block_count(&self) -> usize {
         self.n_layer + self.n_nextn
     }
+}
+
+/// `block_count` sizes per-layer tables before any block's tensors are read, so it is held to the
+/// file first: the blocks with tensors (`blk.N.…`) must be exactly `0..block_count`. A count the
+/// file cannot back (2^31 in a 33 MB file) is an error here, not an allocation of gigabytes.
+fn check_block_count(g: &GgufFile, key: &str, block_count: usize) -> Result<(), ModelError> {
+    let mut blocks = std::collections::BTreeSet::new();
+    for t in g.tensors() {
+        let Some(rest) = t.name.strip_prefix("blk.") else {
+            continue;
+        };
+        let index = rest.split('.').next().and_then(|i| i.parse::<usize>().ok());
+        match index {
+            Some(i) => blocks.insert(i),
+            None => {
+                return Err(ModelError::Invalid(format!(
+                    "tensor '{}': no block number after 'blk.'",
+                    t.name
+                )))
+            }
+        };
+    }
+    let have = |n: usize| match n {
+        0 => "no block tensors".to_string(),
+        n => format!("tensors for {n} blocks"),
+    };
+    if block_count == 0 {
+        return Err(ModelError::Invalid(format!(
+            "{key} is 0 (the file has {})",
+            have(blocks.len())
+        )));
+    }
+    if let Some(missing) = (0..block_count).find(|i| !blocks.contains(i)) {
+        return Err(ModelError::Invalid(format!(
+            "{key} is {block_count}, but the file has {}: block {missing} has no tensors",
+            have(blocks.len())
+        )));
+    }
+    if let Some(&extra) = blocks.range(block_count..).next() {
+        return Err(ModelError::Invalid(format!(
+            "{key} is {block_count}, but the file has tensors for block {extra} (blk.{extra}.…)"
+        )));
+    }
+    Ok(())
 }
 
 /// A "scalar or per-layer array" key where specd needs one value for all layers.

@@ -15,6 +15,7 @@ use specd_ops::rope::Rope;
 use specd_ops::{matmul, Weight};
 use specd_tokenizer::Tokenizer;
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -86,6 +87,7 @@ impl Model {
         };
         let output_norm = l.vector("output_norm.weight", h)?;
         let trunk = (cfg.arch.def().load)(&l, &cfg)?;
+        l.check_all_read()?;
         let rope = Rope::new(cfg.n_rot, cfg.rope_base, cfg.rope_mode.clone());
         let n_threads = if opts.n_threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -199,19 +201,22 @@ impl Model {
     /// if asked) are returned for rows with `logits` set. Batches longer than `n_ubatch` rows are
     /// processed in chunks. On error the memory is left as it was before the failing chunk.
     pub fn decode(&self, mem: &mut Memory, batch: &Batch) -> Result<DecodeOutput, ModelError> {
-        self.decode_with(mem, batch, &mut |_| {})
+        self.decode_with(mem, batch, &mut |_| ControlFlow::Continue(()))
     }
 
     /// [`Model::decode`], calling `on_chunk(rows_done)` after each chunk of `n_ubatch` rows, so
-    /// a caller can report how far a long prompt has got while the batch is still running.
+    /// a caller can report how far a long prompt has got while the batch is still running —
+    /// and stop it there: after `ControlFlow::Break` the rows of the chunks done so far are in
+    /// memory (and in the output), the rest are not (a prompt whose client has gone frees its
+    /// slot within one chunk).
     pub fn decode_with(
         &self,
         mem: &mut Memory,
         batch: &Batch,
-        on_chunk: &mut dyn FnMut(usize),
+        on_chunk: &mut dyn FnMut(usize) -> ControlFlow<()>,
     ) -> Result<DecodeOutput, ModelError> {
         let mut out = DecodeOutput::default();
-        self.decode_into(mem, batch, &mut out, on_chunk)?;
+        self.run_chunks(mem, batch, &mut out, on_chunk)?;
         Ok(out)
     }
 
@@ -224,7 +229,16 @@ impl Model {
         mem: &mut Memory,
         batch: &Batch,
         out: &mut DecodeOutput,
-        on_chunk: &mut dyn FnMut(usize),
+    ) -> Result<(), ModelError> {
+        self.run_chunks(mem, batch, out, &mut |_| ControlFlow::Continue(()))
+    }
+
+    fn run_chunks(
+        &self,
+        mem: &mut Memory,
+        batch: &Batch,
+        out: &mut DecodeOutput,
+        on_chunk: &mut dyn FnMut(usize) -> ControlFlow<()>,
     ) -> Result<(), ModelError> {
         out.rows.clear();
         out.hidden.clear();
@@ -236,7 +250,9 @@ impl Model {
             let end = (start + ub).min(batch.rows.len());
             self.pool
                 .install(|| self.forward(mem, batch, start, end, out))?;
-            on_chunk(end);
+            if on_chunk(end).is_break() {
+                break;
+            }
         }
         Ok(())
     }

@@ -12,7 +12,8 @@
 use crate::ModelError;
 use specd_gguf::{GgufFile, TensorType};
 use specd_ops::{ByteSource, KFormat, LegacyFormat, Weight, WeightType};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Bytes of one tensor, kept alive by the memory map they live in.
@@ -29,7 +30,15 @@ pub struct Loader<'a> {
     pub g: &'a GgufFile,
     /// Bytes of every weight handed out so far, as the kernels hold them.
     bytes: Cell<usize>,
+    /// Names of the tensors handed out so far: a tensor the architecture never asks for is a
+    /// renamed or foreign one ([`Loader::unused`]).
+    used: RefCell<HashSet<String>>,
 }
+
+/// Tensors real files carry that specd knows and does not read: the frequency factors of
+/// Llama 3.1's rotary scaling (llama.cpp applies them; specd's rotary has no scaling, so such a
+/// file loads with a warning that long-context outputs differ).
+const KNOWN_UNREAD: &[&str] = &["rope_freqs.weight"];
 
 /// The kernel type that reads GGUF type `t` as it is.
 fn native(t: TensorType) -> Option<WeightType> {
@@ -129,6 +138,50 @@ impl<'a> Loader<'a> {
         Loader {
             g,
             bytes: Cell::new(0),
+            used: RefCell::new(HashSet::new()),
+        }
+    }
+
+    /// Tensor `name`, checked to have `ne` dims, marked as read.
+    fn view(&self, name: &str, ne: &[u64]) -> Result<specd_gguf::TensorView<'a>, ModelError> {
+        let view = self.g.expect_tensor(name, ne)?;
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(view)
+    }
+
+    /// Checks that every tensor of the file was read: llama.cpp refuses a file with tensors its
+    /// architecture does not define ("wrong number of tensors"), and so does specd — a renamed
+    /// `output.weight` would otherwise load and silently run on the tied embedding instead.
+    pub fn check_all_read(&self) -> Result<(), ModelError> {
+        let used = self.used.borrow();
+        let mut unread = self
+            .g
+            .tensors()
+            .iter()
+            .map(|t| t.name.as_str())
+            .filter(|n| !used.contains(*n));
+        let mut extra: Vec<&str> = Vec::new();
+        for n in unread.by_ref() {
+            if KNOWN_UNREAD.contains(&n) {
+                tracing::warn!(
+                    "tensor {n} is not applied (rotary scaling factors): outputs differ from \
+                     llama.cpp's, most at long context"
+                );
+            } else {
+                extra.push(n);
+            }
+        }
+        match extra.as_slice() {
+            [] => Ok(()),
+            [first, ..] => Err(ModelError::Invalid(format!(
+                "tensor '{first}' is not part of a {} model{} (renamed, or from another \
+                 architecture?)",
+                self.g.architecture().unwrap_or("?"),
+                match extra.len() {
+                    1 => String::new(),
+                    n => format!(", nor are {} more", n - 1),
+                }
+            ))),
         }
     }
 
@@ -149,7 +202,7 @@ impl<'a> Loader<'a> {
 
     /// Matrix `name` with GGUF `ne = [cols, rows]` (math shape `[rows, cols]`).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
-        let view = self.g.expect_tensor(name, &[cols as u64, rows as u64])?;
+        let view = self.view(name, &[cols as u64, rows as u64])?;
         let mut w = self.matrices(&view, name, 1, rows, cols)?;
         w.pop()
             .ok_or_else(|| ModelError::Invalid(format!("tensor {name}: no matrix")))
@@ -164,9 +217,7 @@ impl<'a> Loader<'a> {
         rows: usize,
         cols: usize,
     ) -> Result<Vec<Weight>, ModelError> {
-        let view = self
-            .g
-            .expect_tensor(name, &[cols as u64, rows as u64, n as u64])?;
+        let view = self.view(name, &[cols as u64, rows as u64, n as u64])?;
         self.matrices(&view, name, n, rows, cols)
     }
 
@@ -182,7 +233,7 @@ impl<'a> Loader<'a> {
         cols: usize,
     ) -> Result<Vec<Weight>, ModelError> {
         let ne = [cols as u64, (parts * rows) as u64, n as u64];
-        let view = self.g.expect_tensor(name, &ne)?;
+        let view = self.view(name, &ne)?;
         self.matrices(&view, name, n * parts, rows, cols)
     }
 
@@ -277,7 +328,7 @@ impl<'a> Loader<'a> {
 
     /// Vector `name` of `len` floats (any type, dequantised).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let view = self.g.expect_tensor(name, &[len as u64])?;
+        let view = self.view(name, &[len as u64])?;
         self.count(4 * len);
         Ok(view.to_f32()?)
     }
@@ -293,7 +344,7 @@ impl<'a> Loader<'a> {
 
     /// A tensor with arbitrary `ne` dims, as f32 (conv kernels).
     pub fn tensor_f32(&self, name: &str, ne: &[u64]) -> Result<Vec<f32>, ModelError> {
-        let view = self.g.expect_tensor(name, ne)?;
+        let view = self.view(name, ne)?;
         let v = view.to_f32()?;
         self.count(4 * v.len());
         Ok(v)

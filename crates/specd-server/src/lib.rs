@@ -15,6 +15,7 @@
 //! comes back.
 
 mod api;
+pub mod atomic_file;
 mod conn;
 pub mod cors;
 pub mod error;

@@ -418,7 +418,13 @@ impl Worker {
                     let _ = a.events.send(Event::Progress(p));
                 }
             };
-            match catch_unwind(AssertUnwindSafe(|| engine.step_with(&mut progress))) {
+            // A client that has gone stops its prompt at the next chunk (reaped above next time).
+            let gone = |seq: SeqId| {
+                active
+                    .get(&(seq as usize))
+                    .is_some_and(|a| a.events.is_closed())
+            };
+            match catch_unwind(AssertUnwindSafe(|| engine.step_with(&mut progress, &gone))) {
                 Ok(events) => {
                     self.totals.steps += 1;
                     self.totals.busy_slot_steps += busy;

@@ -126,6 +126,8 @@ fn valid_filename(name: &str) -> bool {
         && !name.ends_with(' ')
         && !name.ends_with('.')
         && !name.contains("..")
+        // specd's own: the temporary files of saves in progress (or cut short by a crash).
+        && !name.starts_with(".specd-")
 }
 
 fn filename(body: &Value) -> Result<String, ApiError> {
@@ -201,7 +203,7 @@ async fn action_inner(
             let data = encode(&tokens, &memory);
             let path = dir.join(&name);
             let n = data.len();
-            tokio::task::spawn_blocking(move || std::fs::write(path, data))
+            tokio::task::spawn_blocking(move || crate::atomic_file::write(&path, &data))
                 .await
                 .map_err(|e| ApiError::server(format!("Unable to save slot: {e}")))?
                 .map_err(|e| ApiError::server(format!("Unable to save slot: {e}")))?;
@@ -292,7 +294,17 @@ mod tests {
             assert!(valid_filename(ok), "{ok}");
         }
         for bad in [
-            "", "../x", "a/b", "a\\b", "x.", " x", "x ", "a:b", "..", "a\u{7}b",
+            "",
+            "../x",
+            "a/b",
+            "a\\b",
+            "x.",
+            " x",
+            "x ",
+            "a:b",
+            "..",
+            "a\u{7}b",
+            ".specd-1x2.tmp",
         ] {
             assert!(!valid_filename(bad), "{bad:?}");
         }

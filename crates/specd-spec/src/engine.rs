@@ -15,6 +15,7 @@ use specd_models::{Batch, DecodeOutput, Model};
 use specd_output::TextStage;
 use specd_sampling::{GrammarSpec, GrammarVocab, ReasoningBudget, Sampler, SamplerParams, Verdict};
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -226,6 +227,9 @@ struct GenSeq {
     n_prompt: usize,
     /// Leading prompt tokens already in memory when the sequence started (prompt reuse).
     n_cached: usize,
+    /// Prompt tokens in memory so far: `n_cached`, then more as prefill chunks complete (a
+    /// prefill stopped early resumes from here).
+    n_in_memory: usize,
     generated: Vec<u32>,
     /// The generated text: stop strings and the text let out so far.
     text: TextStage,
@@ -398,6 +402,7 @@ impl Engine {
                 tokens,
                 n_prompt,
                 n_cached,
+                n_in_memory: n_cached,
                 generated: Vec::new(),
                 chain,
                 controller,
@@ -416,15 +421,17 @@ impl Engine {
         Ok(())
     }
 
-    /// Passes the hidden states of a decoded batch (every row kept) to the drafters that read them.
-    fn observe_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput) {
+    /// Passes the hidden states of the first `n_rows` rows of a decoded batch (every row kept; the
+    /// rest were not decoded: a prefill stopped early) to the drafters that read them.
+    fn observe_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput, n_rows: usize) {
         if !batch.want_hidden {
             return;
         }
+        let rows = &batch.rows[..n_rows.min(batch.rows.len())];
         let mut i = 0;
-        while i < batch.rows.len() {
-            let seq = batch.rows[i].seq;
-            let j = i + batch.rows[i..].iter().take_while(|r| r.seq == seq).count();
+        while i < rows.len() {
+            let seq = rows[i].seq;
+            let j = i + rows[i..].iter().take_while(|r| r.seq == seq).count();
             if let Some(s) = self.seqs.get_mut(&seq) {
                 let toks: Vec<u32> = batch.rows[i..j].iter().map(|r| r.token).collect();
                 let hidden: Vec<f32> = (i..j).flat_map(|r| out.hidden(r).iter().copied()).collect();
@@ -537,19 +544,33 @@ impl Engine {
 
     /// One round for every running sequence. Returns what happened, in sequence order.
     pub fn step(&mut self) -> Vec<StepEvent> {
-        self.step_with(&mut |_| {})
+        self.step_with(&mut |_| {}, &|_| false)
     }
 
     /// [`Engine::step`], telling `on_progress` how far each new sequence's prompt has got while
     /// the step runs (at the start, after each chunk of the prompt batch but the one that
     /// completes it, and after the first round has decoded the last prompt token).
-    pub fn step_with(&mut self, on_progress: &mut dyn FnMut(PromptProgress)) -> Vec<StepEvent> {
+    ///
+    /// `gone(seq)`: the sequence's client has left. Prompt processing stops after the chunk in
+    /// which that is seen, so the caller can [`Engine::cancel`] it within one chunk's time; the
+    /// other new prompts of the batch go on from where they got to in the next step.
+    pub fn step_with(
+        &mut self,
+        on_progress: &mut dyn FnMut(PromptProgress),
+        gone: &dyn Fn(SeqId) -> bool,
+    ) -> Vec<StepEvent> {
         let mut events = Vec::new();
         if self.seqs.is_empty() {
             return events;
         }
-        self.prefill(on_progress, &mut events);
-        let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
+        self.prefill(on_progress, gone, &mut events);
+        // Sequences whose prompt is not all in memory yet (a prefill stopped early) wait.
+        let ids: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| s.prefilled)
+            .map(|(id, _)| *id)
+            .collect();
         let plan: Vec<Planned> = ids
             .into_iter()
             .filter_map(|id| self.plan_draft(id, &mut events))
@@ -566,6 +587,7 @@ impl Engine {
     fn prefill(
         &mut self,
         on_progress: &mut dyn FnMut(PromptProgress),
+        gone: &dyn Fn(SeqId) -> bool,
         events: &mut Vec<StepEvent>,
     ) {
         let new: Vec<SeqId> = self
@@ -576,34 +598,42 @@ impl Engine {
             .collect();
         if !new.is_empty() {
             let mut batch = Batch::new();
-            // Per new sequence: its rows in the batch, for progress reports.
+            // Per new sequence: its rows in the batch and its tokens in memory before them.
             let mut spans = Vec::with_capacity(new.len());
             let t0 = Instant::now();
             for id in &new {
                 let Some(s) = self.seqs.get_mut(id) else {
                     continue;
                 };
-                s.prompt_start = Some(t0);
+                let start = *s.prompt_start.get_or_insert(t0);
                 on_progress(PromptProgress {
                     seq: *id,
                     total: s.n_prompt,
                     cache: s.n_cached,
-                    processed: s.n_cached,
-                    secs: 0.0,
+                    processed: s.n_in_memory,
+                    secs: start.elapsed().as_secs_f64(),
                 });
                 let from = batch.len();
-                // Tokens reused from kept memory (prompt cache) are already there.
+                // Tokens reused from kept memory (prompt cache), or processed by an earlier
+                // step whose prefill stopped early, are already there.
                 let prefill = s.tokens[..s.tokens.len() - 1].iter().enumerate();
-                for (i, &t) in prefill.skip(s.n_cached) {
+                for (i, &t) in prefill.skip(s.n_in_memory) {
                     batch.push(t, i as u32, *id, false);
                 }
-                spans.push((*id, from, batch.len(), s.n_cached, s.n_prompt));
+                spans.push((
+                    *id,
+                    from,
+                    batch.len(),
+                    s.n_cached,
+                    s.n_in_memory,
+                    s.n_prompt,
+                ));
             }
             // Drafters that read hidden states (MTP) mirror the prompt.
             batch.want_hidden = new.iter().any(|id| self.seqs[id].chain.wants_hidden());
             let mut prev = 0;
             let mut chunk_done = |done: usize| {
-                for &(seq, from, to, cache, total) in &spans {
+                for &(seq, from, to, cache, before, total) in &spans {
                     // Rows of this sequence in the chunk just decoded; the chunk that completes
                     // the prefill is reported with the first round (the last prompt token).
                     if from < done && prev < to && done < to {
@@ -611,29 +641,50 @@ impl Engine {
                             seq,
                             total,
                             cache,
-                            processed: cache + done - from,
+                            processed: before + done - from,
                             secs: t0.elapsed().as_secs_f64(),
                         });
                     }
                 }
                 prev = done;
+                // A client that has left stops the batch at this chunk's end, unless its rows
+                // are all done already.
+                if spans.iter().any(|&(seq, _, to, ..)| done < to && gone(seq)) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
             };
             let res = if batch.is_empty() {
-                Ok(())
+                Ok(batch.len())
             } else {
                 self.model
                     .decode_with(&mut self.mem, &batch, &mut chunk_done)
-                    .map(|out| self.observe_rows(&batch, &out))
+                    .map(|out| {
+                        self.observe_rows(&batch, &out, prev);
+                        prev
+                    })
             };
             let secs = t0.elapsed().as_secs_f64();
             match res {
-                Ok(()) => {
-                    for id in &new {
-                        if let Some(s) = self.seqs.get_mut(id) {
-                            s.prefilled = true;
-                            s.prompt_secs = secs + s.prefill_drafters();
+                Ok(done) => {
+                    for &(id, from, to, _, before, _) in &spans {
+                        let Some(s) = self.seqs.get_mut(&id) else {
+                            continue;
+                        };
+                        if done < to {
+                            // Stopped early: resume from the rows that are in memory.
+                            s.n_in_memory = before + done.saturating_sub(from);
+                            s.prompt_secs += secs;
+                            continue;
                         }
-                        self.reuse.checkpoint_prompt(&mut self.mem, *id);
+                        s.n_in_memory = s.tokens.len() - 1;
+                        s.prefilled = true;
+                        s.prompt_secs += secs;
+                        if !gone(id) {
+                            s.prompt_secs += s.prefill_drafters();
+                        }
+                        self.reuse.checkpoint_prompt(&mut self.mem, id);
                     }
                 }
                 Err(_) => {
@@ -643,7 +694,9 @@ impl Engine {
                         let toks = s.tokens[..s.tokens.len() - 1].to_vec();
                         self.mem.clear(id);
                         if let Some(s) = self.seqs.get_mut(&id) {
-                            s.n_cached = 0; // the retry processes the whole prompt
+                            // The retry processes the whole prompt.
+                            s.n_cached = 0;
+                            s.n_in_memory = 0;
                         }
                         let t0 = Instant::now();
                         let r = if toks.is_empty() {
@@ -653,11 +706,12 @@ impl Engine {
                             b.want_hidden = self.seqs[&id].chain.wants_hidden();
                             self.model
                                 .decode(&mut self.mem, &b)
-                                .map(|out| self.observe_rows(&b, &out))
+                                .map(|out| self.observe_rows(&b, &out, b.rows.len()))
                         };
                         match r {
                             Ok(()) => {
                                 if let Some(s) = self.seqs.get_mut(&id) {
+                                    s.n_in_memory = s.tokens.len() - 1;
                                     s.prefilled = true;
                                     s.prompt_secs =
                                         t0.elapsed().as_secs_f64() + s.prefill_drafters();
@@ -828,10 +882,7 @@ impl Engine {
         let h = self.model.config().n_embd;
         let t0 = Instant::now();
         let mut out = std::mem::take(&mut self.out);
-        match self
-            .model
-            .decode_into(&mut self.mem, &batch, &mut out, &mut |_| {})
-        {
+        match self.model.decode_into(&mut self.mem, &batch, &mut out) {
             Ok(()) => {
                 if plan.len() == 1 {
                     self.cost.observe(batch.len(), t0.elapsed().as_secs_f64());

@@ -271,7 +271,7 @@ fn prompt_progress_per_chunk() {
     e.add(0, SequenceRequest::greedy(p0, 4)).unwrap();
     e.add(1, SequenceRequest::greedy(p1, 4)).unwrap();
     let mut seen: Vec<PromptProgress> = Vec::new();
-    let events = e.step_with(&mut |p| seen.push(p));
+    let events = e.step_with(&mut |p| seen.push(p), &|_| false);
     let of = |s: u32| -> Vec<usize> {
         seen.iter()
             .filter(|p| p.seq == s)
@@ -288,7 +288,7 @@ fn prompt_progress_per_chunk() {
         .any(|ev| matches!(ev, StepEvent::Tokens { seq: 0, .. })));
     // Later steps report nothing.
     let mut later = 0;
-    e.step_with(&mut |_| later += 1);
+    e.step_with(&mut |_| later += 1, &|_| false);
     assert_eq!(later, 0);
 }
 
@@ -320,4 +320,60 @@ fn ignore_eos_bans_end_of_generation_tokens() {
             .map(|&t| (t, f32::NEG_INFINITY))
             .collect::<Vec<_>>()[..]
     );
+}
+
+/// A client that leaves during prefill: the batch stops at the chunk where that is seen (here
+/// the first, 64 rows), before any other sequence's rows are all in memory; the caller cancels
+/// the one that left, and the other — part of its prompt in memory, the rest not — resumes in
+/// the next step and generates exactly what it generates alone, plain and speculative, with
+/// each rollback kind, and with an MTP-style drafter that reads the prompt's hidden states.
+#[test]
+fn a_prefill_stopped_for_a_client_that_left_resumes_the_others_exactly() {
+    let stay: Vec<u32> = (0..150u32).map(|i| (i * 13 + 5) % 400).collect();
+    let leave: Vec<u32> = (0..300u32).map(|i| (i * 7 + 2) % 400).collect();
+    let ngram = SpecParams {
+        drafters: vec![DrafterKind::NgramSimple],
+        n_max: 4,
+        ..SpecParams::default()
+    };
+    for (spec, rb) in [
+        (SpecParams::default(), RollbackKind::Fast),
+        (ngram.clone(), RollbackKind::Fast),
+        (ngram, RollbackKind::Snapshot),
+    ] {
+        let req = || SequenceRequest {
+            spec: spec.clone(),
+            ..SequenceRequest::greedy(stay.clone(), 24)
+        };
+        let alone = generate(512, req(), rb);
+        let mut e = Engine::new(model(), cfg(512, 2), rb);
+        e.add(0, req()).unwrap();
+        e.add(1, SequenceRequest::greedy(leave.clone(), 4)).unwrap();
+        let mut seen = Vec::new();
+        // Seq 1's client has gone from the start; the first chunk still runs.
+        let events = e.step_with(&mut |p| seen.push(p), &|s| s == 1);
+        assert!(events.is_empty(), "{rb:?}: {events:?}");
+        assert_eq!(
+            seen.iter()
+                .map(|p| (p.seq, p.processed))
+                .collect::<Vec<_>>(),
+            vec![(0, 0), (1, 0), (0, 64)],
+            "{rb:?}"
+        );
+        e.cancel(1);
+        let mut out = None;
+        while out.is_none() {
+            for ev in e.step() {
+                match ev {
+                    StepEvent::Finished { seq: 0, output } => out = Some(output),
+                    StepEvent::Failed { error, .. } => panic!("{rb:?}: {error}"),
+                    _ => {}
+                }
+            }
+        }
+        let out = out.unwrap();
+        assert_eq!(out.tokens, alone.tokens, "{rb:?}");
+        assert_eq!(out.n_prompt, 150);
+        assert_eq!(out.n_cached, 0);
+    }
 }

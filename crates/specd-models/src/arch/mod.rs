@@ -108,7 +108,10 @@ impl Arch {
         if NOT_YET.contains(&s) {
             return Err(ModelError::UnsupportedArch(s.to_string()));
         }
-        Err(ModelError::UnknownArch(s.to_string()))
+        // The file's string, cut for the message: a hostile file may make it megabytes long.
+        let shown: String = s.chars().take(64).collect();
+        let more = if shown.len() < s.len() { "…" } else { "" };
+        Err(ModelError::UnknownArch(format!("{shown}{more}")))
     }
 }
 

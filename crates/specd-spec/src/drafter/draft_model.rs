@@ -89,8 +89,7 @@ impl Drafter for DraftModel {
         let start = self.fed.len();
         let batch = Batch::from_tokens(&tokens[start..], start as u32, SEQ, false);
         let out = &mut self.out;
-        self.model
-            .decode_into(&mut self.mem, &batch, out, &mut |_| {})?;
+        self.model.decode_into(&mut self.mem, &batch, out)?;
         self.fed.extend_from_slice(&tokens[start..]);
         let hybrid = self.model.memory_layout().is_hybrid();
         let cp = if hybrid {
@@ -113,8 +112,7 @@ impl Drafter for DraftModel {
             }
             let pos = (tokens.len() + drafts.len() - 1) as u32;
             let b = Batch::from_tokens(&[tok], pos, SEQ, true);
-            self.model
-                .decode_into(&mut self.mem, &b, &mut self.out, &mut |_| {})?;
+            self.model.decode_into(&mut self.mem, &b, &mut self.out)?;
             next = next_draft(
                 self.out.logits(0),
                 tokens.len() + drafts.len(),
