@@ -2,8 +2,12 @@
 //! `Access-Control-Allow-Origin`, `Process-Start-Time-Unix`), as llama-server writes them: some
 //! clients look headers up case-sensitively (llama.cpp's own test suite does). `axum::serve`
 //! cannot be told to, so connections are served by hyper directly.
+//!
+//! Each request carries [`Listening`]: whether it came on a loopback TCP listener (the `Host`
+//! check applies there, see `host.rs`).
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -14,12 +18,33 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tower::ServiceExt;
+
+/// Where a request came in: set on every request by the connection that read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Listening {
+    /// On a TCP listener bound to a loopback address.
+    pub loopback_tcp: bool,
+}
 
 /// A socket the server accepts connections on (llama-server's `--host` may name several).
 pub enum Listener {
     Tcp(tokio::net::TcpListener),
     #[cfg(unix)]
     Unix(tokio::net::UnixListener),
+}
+
+impl Listener {
+    /// Whether it is a TCP socket bound to a loopback address.
+    fn is_loopback_tcp(&self) -> bool {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .is_ok_and(|a| a.ip().to_canonical().is_loopback()),
+            #[cfg(unix)]
+            Listener::Unix(_) => false,
+        }
+    }
 }
 
 enum Stream {
@@ -128,8 +153,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
 /// Serves one connection until it closes (or the graceful shutdown closes it). `timeout`:
 /// llama-server's read / write timeout — for a request's head to arrive, and for the client to
 /// take a part of the answer.
-fn spawn_connection<S>(stream: S, app: &Router, graceful: &GracefulShutdown, timeout: Duration)
-where
+fn spawn_connection<S>(
+    stream: S,
+    app: &Router,
+    graceful: &GracefulShutdown,
+    timeout: Duration,
+    listening: Listening,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let stream = WriteTimeout {
@@ -137,11 +167,17 @@ where
         timeout,
         stalled: None,
     };
+    let app = app
+        .clone()
+        .map_request(move |mut r: hyper::Request<Incoming>| {
+            r.extensions_mut().insert(listening);
+            r
+        });
     let conn = http1::Builder::new()
         .title_case_headers(true)
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
-        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
     let conn = graceful.watch(conn);
     tokio::spawn(async move {
         if let Err(e) = conn.await {
@@ -159,6 +195,9 @@ pub async fn serve(
     timeout: Duration,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
+    let listening = Listening {
+        loopback_tcp: listener.is_loopback_tcp(),
+    };
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -177,9 +216,9 @@ pub async fn serve(
             }
         };
         match stream {
-            Stream::Tcp(s) => spawn_connection(s, &app, &graceful, timeout),
+            Stream::Tcp(s) => spawn_connection(s, &app, &graceful, timeout, listening),
             #[cfg(unix)]
-            Stream::Unix(s) => spawn_connection(s, &app, &graceful, timeout),
+            Stream::Unix(s) => spawn_connection(s, &app, &graceful, timeout, listening),
         }
     }
     drop(listener);

@@ -23,6 +23,10 @@
 //!
 //! Another difference: several comma-separated origins (which llama-server would send verbatim,
 //! a value browsers reject) allow each of them — the request's `Origin` is echoed when listed.
+//!
+//! CORS only governs what a *cross-origin* page may read; a page that makes its own name resolve
+//! to 127.0.0.1 (DNS rebinding) is same-origin and is stopped by the `Host` check instead
+//! ([`crate::host`]).
 
 use crate::AppState;
 use axum::extract::{Request, State};

@@ -30,6 +30,9 @@ pub enum ErrorKind {
     Unavailable,
     /// 500 `server_error`.
     Server,
+    /// 403 `permission_error`: the request may not be answered here (a `Host` the DNS-rebinding
+    /// check refuses).
+    Permission,
 }
 
 impl ErrorKind {
@@ -43,6 +46,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Server => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Permission => StatusCode::FORBIDDEN,
         }
     }
     fn type_name(self) -> &'static str {
@@ -56,6 +60,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => "not_supported_error",
             ErrorKind::Unavailable => "unavailable_error",
             ErrorKind::Server => "server_error",
+            ErrorKind::Permission => "permission_error",
         }
     }
 }

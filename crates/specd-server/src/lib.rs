@@ -10,6 +10,9 @@
 //! * [`params`]: request fields → generation parameters (strictly typed: a wrong type is a 400).
 //! * [`error`]: `{"error": {"code", "message", "type"}}` bodies for every failure, malformed JSON
 //!   included.
+//! * [`cors`] and [`host`]: by default only pages served from this machine may call the server
+//!   from a browser (loopback origins), and a loopback listener answers only requests for a
+//!   loopback name (DNS-rebinding protection).
 //!
 //! The server holds no speculative logic: it hands requests to the engine and formats what
 //! comes back.
@@ -19,6 +22,7 @@ mod conn;
 pub mod cors;
 pub mod error;
 mod generate;
+pub mod host;
 pub mod limits;
 pub mod metrics;
 pub mod params;
@@ -79,6 +83,8 @@ pub struct ServerConfig {
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
     pub cors: cors::Cors,
+    /// `--allowed-hosts`: the `Host` names a loopback listener answers besides the loopback ones.
+    pub allowed_hosts: host::AllowedHosts,
     /// Most bytes of a request body.
     pub body_limit: usize,
     /// `--threads-http`: request workers (CPU work of requests before the engine: parsing,
@@ -270,6 +276,22 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
     }
 }
 
+/// The DNS-rebinding check ([`host`]): on a loopback TCP listener, a request must name a
+/// loopback host or one of `--allowed-hosts`.
+async fn check_host(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let loopback = req
+        .extensions()
+        .get::<conn::Listening>()
+        .is_some_and(|l| l.loopback_tcp);
+    if loopback {
+        if let Err(e) = host::check(&st.cfg.allowed_hosts, &req) {
+            tracing::warn!(path = %req.uri().path(), "refused: {}", e.message);
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
 /// Refuses a body announced larger than the limit before reading any of it (the body-limit
 /// layer alone would first wait for the bytes to arrive), and one the budget of bodies in
 /// flight has no room for; the reservation is held until the answer is ready.
@@ -451,9 +473,14 @@ pub fn router(st: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body));
     // CORS wraps the routing: a preflight is answered on any path, before routing and auth.
+    // Outermost, the Host check refuses a rebinding page before anything else runs.
     Router::new()
         .fallback_service(routes)
-        .layer(axum::middleware::from_fn_with_state(st, cors::layer))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            cors::layer,
+        ))
+        .layer(axum::middleware::from_fn_with_state(st, check_host))
 }
 
 pub use conn::Listener;

@@ -164,6 +164,12 @@ pub struct ServeArgs {
     /// its answers: llama-server's default; use with --api-key), or a list of origins.
     #[arg(long = "cors-origins")]
     pub cors_origins: Option<String>,
+    /// Host names a server listening on a loopback address answers besides `localhost`,
+    /// `127.0.0.1` and `[::1]`, comma-separated (`.example.test`: the domain and its
+    /// subdomains); requests naming another `Host` get 403 (protection against DNS rebinding).
+    /// `*`: any host, no check. Servers bound to other addresses are not checked.
+    #[arg(long = "allowed-hosts")]
+    pub allowed_hosts: Option<String>,
     /// Methods a CORS preflight allows.
     #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
     pub cors_methods: String,

@@ -144,6 +144,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let hosts = listen::parse_hosts(&a.host)?;
     let cors_origins = cors_origins(&a);
+    let allowed_hosts =
+        specd_server::host::AllowedHosts::parse(a.allowed_hosts.as_deref().unwrap_or(""))
+            .map_err(anyhow::Error::msg)?;
     let explicit_template = match (&a.chat_template_file, &a.chat_template) {
         (Some(f), _) => Some(read_file(f)?),
         (None, Some(t)) => Some(chat_template(t)?),
@@ -331,6 +334,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             headers: a.cors_headers.clone(),
             credentials: !a.no_cors_credentials,
         },
+        allowed_hosts,
         body_limit,
         threads_http,
         max_pending_bytes,

@@ -42,6 +42,7 @@ fn error_type(k: ErrorKind) -> &'static str {
         ErrorKind::TooLarge => "request_too_large",
         ErrorKind::Timeout => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
+        ErrorKind::Permission => "permission_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::Unavailable => "overloaded_error",
         ErrorKind::NotSupported | ErrorKind::Server => "api_error",
