@@ -9,7 +9,7 @@
 //!   requests so a follow-up prompt only processes what is new (prompt reuse).
 //! * [`params`]: request fields → generation parameters (strictly typed: a wrong type is a 400).
 //! * [`error`]: `{"error": {"code", "message", "type"}}` bodies for every failure, malformed JSON
-//!   included.
+//!   and the HTTP layer's own refusals included (Anthropic's shape on its routes).
 //! * [`cors`] and [`host`]: by default only pages served from this machine may call the server
 //!   from a browser (loopback origins), and a loopback listener answers only requests for a
 //!   loopback name (DNS-rebinding protection).
@@ -286,7 +286,7 @@ async fn check_host(State(st): State<Arc<AppState>>, req: Request, next: Next) -
     if loopback {
         if let Err(e) = host::check(&st.cfg.allowed_hosts, &req) {
             tracing::warn!(path = %req.uri().path(), "refused: {}", e.message);
-            return e.into_response();
+            return e.response_for(req.uri().path());
         }
     }
     next.run(req).await
@@ -309,7 +309,7 @@ async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -
                 st.cfg.body_limit
             ),
         )
-        .into_response();
+        .response_for(req.uri().path());
     }
     // Bodies without a length may grow to the limit: they reserve all of it.
     let reserved = match announced {
@@ -322,7 +322,7 @@ async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         Ok(p) => p,
         Err(e) => {
             // Refused before the body is read: the connection cannot carry another request.
-            let mut r = e.into_response();
+            let mut r = e.response_for(req.uri().path());
             r.headers_mut().insert(
                 header::CONNECTION,
                 header::HeaderValue::from_static("close"),
@@ -473,13 +473,15 @@ pub fn router(st: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body));
     // CORS wraps the routing: a preflight is answered on any path, before routing and auth.
-    // Outermost, the Host check refuses a rebinding page before anything else runs.
+    // Outside it, every error answer gets a JSON body; outermost, the Host check refuses a
+    // rebinding page before anything else runs (its answer is JSON already).
     Router::new()
         .fallback_service(routes)
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
             cors::layer,
         ))
+        .layer(axum::middleware::from_fn(error::json_errors))
         .layer(axum::middleware::from_fn_with_state(st, check_host))
 }
 

@@ -11,7 +11,7 @@ use super::prompt::chat_prompt;
 use super::report::*;
 use super::stream::{sse, StreamShape};
 use super::*;
-use crate::error::{ErrorKind, JsonBody};
+use crate::error::JsonBody;
 use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
@@ -35,27 +35,13 @@ impl From<ApiError> for AnthropicError {
     }
 }
 
-/// Anthropic's name for an error kind (its `error.type`).
-fn error_type(k: ErrorKind) -> &'static str {
-    match k {
-        ErrorKind::InvalidRequest | ErrorKind::ExceedContext => "invalid_request_error",
-        ErrorKind::TooLarge => "request_too_large",
-        ErrorKind::Timeout => "invalid_request_error",
-        ErrorKind::Authentication => "authentication_error",
-        ErrorKind::Permission => "permission_error",
-        ErrorKind::NotFound => "not_found_error",
-        ErrorKind::Unavailable => "overloaded_error",
-        ErrorKind::NotSupported | ErrorKind::Server => "api_error",
-    }
-}
-
 fn error_body(e: &ApiError) -> Value {
-    json!({"type": "error", "error": {"type": error_type(e.kind), "message": e.message}})
+    e.anthropic_body()
 }
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        (self.0.status(), Json(error_body(&self.0))).into_response()
+        self.0.into_anthropic_response()
     }
 }
 
