@@ -720,7 +720,7 @@ fn api_key_and_disabled_endpoints() {
     );
     assert_error(&r, 401, "authentication_error");
     assert_error(&s.get("/props"), 401, "authentication_error");
-    // Right keys, as Bearer or X-Api-Key.
+    // Right keys, as Bearer (any route) or X-Api-Key (Anthropic's routes only).
     let r = request(
         &s.addr,
         "POST",
@@ -736,7 +736,15 @@ fn api_key_and_disabled_endpoints() {
         &[("X-Api-Key", "k1")],
         Some(b"{\"content\": \"a\"}"),
     );
-    assert_eq!(r.status, 200);
+    assert_error(&r, 401, "authentication_error");
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        &[("X-Api-Key", "k1")],
+        Some(br#"{"messages": [{"role": "user", "content": "a"}]}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // --no-slots, no --metrics: 501 not_supported_error.
     let r = request(
         &s.addr,

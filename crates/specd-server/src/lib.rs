@@ -35,7 +35,7 @@ pub mod vertex;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use error::{ApiError, ErrorKind};
@@ -238,6 +238,42 @@ impl AppState {
 /// Endpoints that need no API key (as in llama-server: the model list needs one).
 const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
 
+/// The key a request presents: `Authorization: Bearer KEY` anywhere, and Anthropic's
+/// `x-api-key: KEY` on Anthropic's routes (its SDKs send that header; elsewhere it is not part
+/// of the API, and a key in an unexpected header is more likely a mistake than a client).
+/// `Err` says what is wrong with a header that is there.
+fn presented_keys<'a>(
+    headers: &'a header::HeaderMap,
+    path: &str,
+) -> Result<Vec<&'a [u8]>, &'static str> {
+    let mut keys = Vec::new();
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        // RFC 7235: `credentials = auth-scheme 1*SP token68`, the scheme case-insensitive. The
+        // key is what follows the spaces, exactly: hyper already stripped the whitespace around
+        // the value, so whatever is left (`Bearer k x`, a tab) is part of what the client sent.
+        let v = v.as_bytes();
+        let Some(sp) = v.iter().position(|&b| b == b' ') else {
+            return Err("the Authorization header must be 'Bearer KEY'");
+        };
+        let (scheme, rest) = v.split_at(sp);
+        let key = &rest[rest.iter().take_while(|&&b| b == b' ').count()..];
+        if !scheme.eq_ignore_ascii_case(b"bearer") || key.is_empty() {
+            return Err("the Authorization header must be 'Bearer KEY'");
+        }
+        keys.push(key);
+    }
+    if let Some(v) = headers.get("x-api-key") {
+        if !error::is_anthropic_path(path) {
+            if keys.is_empty() {
+                return Err("x-api-key is accepted on the Anthropic routes (/v1/messages) only; send 'Authorization: Bearer KEY'");
+            }
+        } else {
+            keys.push(v.as_bytes());
+        }
+    }
+    Ok(keys)
+}
+
 async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     if st.cfg.api_keys.is_empty()
         || req.method() == Method::OPTIONS
@@ -245,33 +281,36 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
     {
         return next.run(req).await;
     }
-    let h = req.headers();
-    let key = h
-        .get(header::AUTHORIZATION)
-        .or_else(|| h.get("x-api-key"))
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    let path = req.uri().path().to_string();
+    let keys = presented_keys(req.headers(), &path);
     // Every key is compared, each in constant time: the answer's timing says nothing about
     // which key, or how much of one, a guess matched. The key's index is the caller's prompt
     // cache partition (`scope`).
-    let matched = key.and_then(|k| {
-        st.cfg
-            .api_keys
-            .iter()
-            .enumerate()
-            .fold(None, |found, (i, a)| {
-                let eq = constant_time_eq::constant_time_eq(a.as_bytes(), k.as_bytes());
-                found.or(eq.then_some(i))
-            })
+    let matched = keys.as_ref().ok().and_then(|keys| {
+        keys.iter().find_map(|k| {
+            st.cfg
+                .api_keys
+                .iter()
+                .enumerate()
+                .fold(None, |found, (i, a)| {
+                    let eq = constant_time_eq::constant_time_eq(a.as_bytes(), k);
+                    found.or(eq.then_some(i))
+                })
+        })
     });
-    match matched {
-        Some(i) => {
+    match (matched, keys) {
+        (Some(i), _) => {
             req.extensions_mut().insert(scope::Caller { key: Some(i) });
             next.run(req).await
         }
-        _ => {
-            tracing::warn!(path = %req.uri().path(), "unauthorized: invalid API key");
-            ApiError::new(ErrorKind::Authentication, "Invalid API Key").into_response()
+        (None, keys) => {
+            tracing::warn!(path = %path, "unauthorized: invalid API key");
+            // llama-server's message; a malformed header says what the server expects.
+            let message = match keys {
+                Err(why) => format!("Invalid API Key: {why}"),
+                Ok(_) => "Invalid API Key".to_string(),
+            };
+            ApiError::new(ErrorKind::Authentication, message).response_for(&path)
         }
     }
 }
