@@ -404,9 +404,18 @@ fn chat_requests_refused_and_accepted() {
     }
     let r = s.post("/v1/chat/completions", &json!({"max_tokens": 2}));
     assert!(error_message(&r).contains("messages"));
-    // Accepted by llama-server too: no messages, null content, any role name.
+    // No message at all: llama-server renders the bare generation prompt and answers; specd
+    // refuses it, as OpenAI does (tests/security.rs covers every endpoint).
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [], "max_tokens": 1}),
+    );
+    assert_eq!(
+        error_message(&r),
+        "'messages' must contain at least one message"
+    );
+    // Accepted by llama-server too: null content, any role name.
     for messages in [
-        json!([]),
         json!([{"role": "user", "content": null}]),
         json!([{"role": "narrator", "content": "x"}]),
         json!([{"role": "user", "content": "x", "name": "bob"}]),

@@ -83,18 +83,17 @@ fn info_endpoints() {
 
     let r = s.get("/no/such/endpoint");
     assert_error(&r, 404, "not_found_error");
-    // CORS: any origin is reflected (llama-server's default).
-    let r = request(
-        &s.addr,
-        "GET",
-        "/health",
-        &[("Origin", "http://example.test")],
-        None,
-    );
+    // CORS: a loopback origin is reflected, another is not (specd's default; llama-server
+    // reflects any origin, which `--cors-origins '*'` restores).
+    let origin = |o: &str| {
+        let r = request(&s.addr, "GET", "/health", &[("Origin", o)], None);
+        r.header("access-control-allow-origin").map(str::to_string)
+    };
     assert_eq!(
-        r.header("access-control-allow-origin"),
-        Some("http://example.test")
+        origin("http://localhost:8080").as_deref(),
+        Some("http://localhost:8080")
     );
+    assert_eq!(origin("http://example.test"), None);
 }
 
 #[test]
@@ -721,7 +720,7 @@ fn api_key_and_disabled_endpoints() {
     );
     assert_error(&r, 401, "authentication_error");
     assert_error(&s.get("/props"), 401, "authentication_error");
-    // Right keys, as Bearer or X-Api-Key.
+    // Right keys, as Bearer (any route) or X-Api-Key (Anthropic's routes only).
     let r = request(
         &s.addr,
         "POST",
@@ -737,7 +736,15 @@ fn api_key_and_disabled_endpoints() {
         &[("X-Api-Key", "k1")],
         Some(b"{\"content\": \"a\"}"),
     );
-    assert_eq!(r.status, 200);
+    assert_error(&r, 401, "authentication_error");
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        &[("X-Api-Key", "k1")],
+        Some(br#"{"messages": [{"role": "user", "content": "a"}]}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // --no-slots, no --metrics: 501 not_supported_error.
     let r = request(
         &s.addr,

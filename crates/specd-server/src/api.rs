@@ -310,7 +310,7 @@ pub async fn apply_template(
     Ok(Json(json!({ "prompt": prompt })))
 }
 
-/// Unknown paths: llama-server's 404 body.
-pub async fn not_found() -> ApiError {
-    ApiError::new(ErrorKind::NotFound, "File Not Found")
+/// Unknown paths: llama-server's 404 body (Anthropic's shape under `/v1/messages`).
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError::new(ErrorKind::NotFound, "File Not Found").response_for(uri.path())
 }

@@ -1,16 +1,32 @@
 //! CORS as llama-server does it (`--cors-origins`, `--cors-methods`, `--cors-headers`,
-//! `--cors-credentials`):
+//! `--cors-credentials`), with one difference in the default:
 //!
+//! * **By default only loopback origins are allowed** (`http(s)://` with the host `localhost`,
+//!   `127.0.0.1` or `[::1]`, any port — the rule of llama-server's `--cors-origins localhost`,
+//!   which llama-server itself makes the default once its server tools are on). llama-server's
+//!   own default, `*` with credentials, echoes any `Origin` back with
+//!   `Access-Control-Allow-Credentials: true`: any web page the user opens may then drive the
+//!   local server and read its answers (their prompts, the slots' text, `/props`), which without
+//!   `--api-key` is everything. A browser on the same machine (the web UIs, `http://localhost:3000`
+//!   dev servers) keeps working; `--cors-origins '*'` or a list of origins restores what a
+//!   deployment asks for.
 //! * every response names the allowed origin in `Access-Control-Allow-Origin`: with `*` and
-//!   credentials on (the default) the request's `Origin` is echoed back (empty when there is
-//!   none); with `localhost` only an origin whose host is `localhost`, `127.0.0.1` or `::1` is
-//!   echoed (otherwise the header is left out); any other value is sent as given;
+//!   credentials on the request's `Origin` is echoed back (empty when there is none); with
+//!   `localhost` (the default) only an origin whose host is `localhost`, `127.0.0.1` or `::1`
+//!   is echoed (otherwise the header is left out); any other value is sent as given;
 //! * an `OPTIONS` request on any path is a preflight: 200, an empty body, and
 //!   `Access-Control-Allow-Credentials`, `-Methods`, `-Headers` — answered before routing and
-//!   without an API key, since browsers send none with it.
+//!   without an API key, since browsers send none with it. An origin that is not allowed gets
+//!   neither `Access-Control-Allow-Origin` nor `Access-Control-Allow-Credentials` (llama-server
+//!   sends the latter to every origin; alone it grants nothing, but a refused origin should read
+//!   a refusal, not half a grant).
 //!
-//! One difference: several comma-separated origins (which llama-server would send verbatim, a
-//! value browsers reject) allow each of them — the request's `Origin` is echoed when listed.
+//! Another difference: several comma-separated origins (which llama-server would send verbatim,
+//! a value browsers reject) allow each of them — the request's `Origin` is echoed when listed.
+//!
+//! CORS only governs what a *cross-origin* page may read; a page that makes its own name resolve
+//! to 127.0.0.1 (DNS rebinding) is same-origin and is stopped by the `Host` check instead
+//! ([`crate::host`]).
 
 use crate::AppState;
 use axum::extract::{Request, State};
@@ -32,11 +48,14 @@ pub struct Cors {
     pub credentials: bool,
 }
 
+/// `--cors-origins` when none is given: loopback origins only (see the module doc).
+pub const DEFAULT_ORIGINS: &str = "localhost";
+
 impl Default for Cors {
-    /// llama-server's defaults.
+    /// llama-server's defaults, except the origins: loopback only, not `*`.
     fn default() -> Self {
         Cors {
-            origins: "*".into(),
+            origins: DEFAULT_ORIGINS.into(),
             methods: "GET, POST, DELETE, OPTIONS".into(),
             headers: "*".into(),
             credentials: true,
@@ -125,13 +144,14 @@ pub async fn layer(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
     if req.method() == Method::OPTIONS {
         let mut res = (StatusCode::OK, [(header::CONTENT_TYPE, "text/html")], "").into_response();
         let h = res.headers_mut();
+        // Credentials go only with an origin that is allowed: a refused one reads no grant.
         if let Some(v) = allow {
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static(if cors.credentials { "true" } else { "false" }),
+            );
         }
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static(if cors.credentials { "true" } else { "false" }),
-        );
         for (name, v) in [
             (header::ACCESS_CONTROL_ALLOW_METHODS, &cors.methods),
             (header::ACCESS_CONTROL_ALLOW_HEADERS, &cors.headers),
@@ -185,12 +205,23 @@ mod tests {
     #[test]
     fn allowed_origin_by_setting() {
         let hv = HeaderValue::from_static;
-        let any = Cors::default();
+        let default = Cors::default();
+        assert_eq!(
+            default.allow_origin(Some(&hv("http://localhost:5173"))),
+            Some(hv("http://localhost:5173"))
+        );
+        assert_eq!(default.allow_origin(Some(&hv("https://evil.test"))), None);
+        assert_eq!(default.allow_origin(Some(&hv("null"))), None);
+        assert_eq!(default.allow_origin(None), None);
+        let any = Cors {
+            origins: "*".into(),
+            ..Cors::default()
+        };
         assert_eq!(any.allow_origin(Some(&hv("x.test"))), Some(hv("x.test")));
         assert_eq!(any.allow_origin(None), Some(hv("")));
         let star = Cors {
             credentials: false,
-            ..Cors::default()
+            ..any.clone()
         };
         assert_eq!(star.allow_origin(Some(&hv("x.test"))), Some(hv("*")));
         let one = Cors {

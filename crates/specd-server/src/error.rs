@@ -1,5 +1,12 @@
 //! Errors as HTTP responses, in the OpenAI / llama-server shape:
-//! `{"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}`.
+//! `{"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}` — or, on the
+//! routes of Anthropic's API ([`is_anthropic_path`]), Anthropic's
+//! `{"type": "error", "error": {"type": "...", "message": "..."}}`.
+//!
+//! Every error answer has such a body, the HTTP layer's included: [`json_errors`] rewrites what
+//! axum's extractors and layers answer in plain text (or with no body), and `conn.rs` does the
+//! same for the answers hyper writes itself when a request cannot be parsed (a NUL byte in a
+//! header, an oversized head).
 
 use crate::AppState;
 use axum::extract::rejection::BytesRejection;
@@ -30,6 +37,12 @@ pub enum ErrorKind {
     Unavailable,
     /// 500 `server_error`.
     Server,
+    /// 403 `permission_error`: the request may not be answered here (a `Host` the DNS-rebinding
+    /// check refuses).
+    Permission,
+    /// Any other status the HTTP layer answers (405, 415, 431, …): `invalid_request_error` for
+    /// a 4xx, `server_error` for a 5xx.
+    Http(StatusCode),
 }
 
 impl ErrorKind {
@@ -43,6 +56,8 @@ impl ErrorKind {
             ErrorKind::NotSupported => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Server => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Permission => StatusCode::FORBIDDEN,
+            ErrorKind::Http(s) => s,
         }
     }
     fn type_name(self) -> &'static str {
@@ -56,8 +71,47 @@ impl ErrorKind {
             ErrorKind::NotSupported => "not_supported_error",
             ErrorKind::Unavailable => "unavailable_error",
             ErrorKind::Server => "server_error",
+            ErrorKind::Permission => "permission_error",
+            ErrorKind::Http(s) if s.is_server_error() => "server_error",
+            ErrorKind::Http(_) => "invalid_request_error",
         }
     }
+    /// Anthropic's name for the kind (its `error.type`).
+    fn anthropic_type_name(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest | ErrorKind::ExceedContext => "invalid_request_error",
+            ErrorKind::TooLarge => "request_too_large",
+            ErrorKind::Timeout => "invalid_request_error",
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::Permission => "permission_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::Unavailable => "overloaded_error",
+            ErrorKind::NotSupported | ErrorKind::Server => "api_error",
+            ErrorKind::Http(s) if s.is_server_error() => "api_error",
+            ErrorKind::Http(_) => "invalid_request_error",
+        }
+    }
+    /// The kind of an error answer with this status.
+    pub fn of_status(s: StatusCode) -> Self {
+        match s {
+            StatusCode::BAD_REQUEST => ErrorKind::InvalidRequest,
+            StatusCode::UNAUTHORIZED => ErrorKind::Authentication,
+            StatusCode::FORBIDDEN => ErrorKind::Permission,
+            StatusCode::NOT_FOUND => ErrorKind::NotFound,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
+            StatusCode::REQUEST_TIMEOUT => ErrorKind::Timeout,
+            StatusCode::NOT_IMPLEMENTED => ErrorKind::NotSupported,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorKind::Unavailable,
+            StatusCode::INTERNAL_SERVER_ERROR => ErrorKind::Server,
+            other => ErrorKind::Http(other),
+        }
+    }
+}
+
+/// Whether `path` is one of the routes of Anthropic's Messages API (`/v1/messages`,
+/// `/v1/messages/count_tokens`), whose errors take Anthropic's shape.
+pub fn is_anthropic_path(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
 
 /// An error answer: kind, message and extra fields of the error object.
@@ -129,17 +183,25 @@ impl ApiError {
     pub fn body(&self) -> Value {
         json!({ "error": self.object() })
     }
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+    /// The whole body in Anthropic's shape.
+    pub fn anthropic_body(&self) -> Value {
+        json!({"type": "error", "error": {"type": self.kind.anthropic_type_name(), "message": self.message}})
     }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.status(), axum::Json(self.body())).into_response();
+    /// The answer in the shape of the route `path` (Anthropic's on its routes).
+    pub fn response_for(self, path: &str) -> Response {
+        if is_anthropic_path(path) {
+            self.into_anthropic_response()
+        } else {
+            self.into_response()
+        }
+    }
+    /// The answer in Anthropic's shape.
+    pub fn into_anthropic_response(self) -> Response {
+        let body = self.anthropic_body();
+        self.with_body(body)
+    }
+    fn with_body(self, body: Value) -> Response {
+        let mut r = (self.status(), axum::Json(body)).into_response();
         // A body refused for its size, or not read to its end in time, may still be arriving:
         // the connection cannot carry another request after it, so the client is told to open
         // a new one.
@@ -151,6 +213,62 @@ impl IntoResponse for ApiError {
         }
         r
     }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        self.with_body(body)
+    }
+}
+
+/// Most bytes of a plain-text error body [`json_errors`] quotes as the message.
+const QUOTED_BODY: usize = 1024;
+
+/// Middleware: an error answer (4xx / 5xx) that is not JSON — axum's extractors answer their
+/// rejections in plain text (`Path`, `Query`, a body over `DefaultBodyLimit`), and some layers
+/// with no body at all — gets the JSON error body of its route's API, with the same status; its
+/// text, when short, becomes the message. Answers already in JSON pass unchanged.
+pub async fn json_errors(req: Request, next: axum::middleware::Next) -> Response {
+    let path = req.uri().path().to_string();
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    // Rejection texts are short; a longer body is not quoted (nor read past the bound).
+    let text = axum::body::to_bytes(body, QUOTED_BODY)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    let message = text.unwrap_or_else(|| {
+        status
+            .canonical_reason()
+            .unwrap_or("the request failed")
+            .to_string()
+    });
+    let mut r = ApiError::new(ErrorKind::of_status(status), message).response_for(&path);
+    // Headers the answer carried (CORS, `Allow`, `Connection: close`) stay; the body's own go.
+    for (name, value) in parts.headers.iter() {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            r.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    r
 }
 
 /// A JSON request body as a [`Value`], with every rejection (wrong content, over the size limit,

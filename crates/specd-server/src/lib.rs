@@ -9,7 +9,10 @@
 //!   requests so a follow-up prompt only processes what is new (prompt reuse).
 //! * [`params`]: request fields → generation parameters (strictly typed: a wrong type is a 400).
 //! * [`error`]: `{"error": {"code", "message", "type"}}` bodies for every failure, malformed JSON
-//!   included.
+//!   and the HTTP layer's own refusals included (Anthropic's shape on its routes).
+//! * [`cors`] and [`host`]: by default only pages served from this machine may call the server
+//!   from a browser (loopback origins), and a loopback listener answers only requests for a
+//!   loopback name (DNS-rebinding protection).
 //!
 //! The server holds no speculative logic: it hands requests to the engine and formats what
 //! comes back.
@@ -20,6 +23,7 @@ mod conn;
 pub mod cors;
 pub mod error;
 mod generate;
+pub mod host;
 pub mod limits;
 pub mod metrics;
 pub mod params;
@@ -32,7 +36,7 @@ pub mod vertex;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use error::{ApiError, ErrorKind};
@@ -80,6 +84,8 @@ pub struct ServerConfig {
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// CORS (`--cors-origins`, `--cors-methods`, `--cors-headers`, `--cors-credentials`).
     pub cors: cors::Cors,
+    /// `--allowed-hosts`: the `Host` names a loopback listener answers besides the loopback ones.
+    pub allowed_hosts: host::AllowedHosts,
     /// Most bytes of a request body.
     pub body_limit: usize,
     /// `--threads-http`: request workers (CPU work of requests before the engine: parsing,
@@ -233,6 +239,42 @@ impl AppState {
 /// Endpoints that need no API key (as in llama-server: the model list needs one).
 const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
 
+/// The key a request presents: `Authorization: Bearer KEY` anywhere, and Anthropic's
+/// `x-api-key: KEY` on Anthropic's routes (its SDKs send that header; elsewhere it is not part
+/// of the API, and a key in an unexpected header is more likely a mistake than a client).
+/// `Err` says what is wrong with a header that is there.
+fn presented_keys<'a>(
+    headers: &'a header::HeaderMap,
+    path: &str,
+) -> Result<Vec<&'a [u8]>, &'static str> {
+    let mut keys = Vec::new();
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        // RFC 7235: `credentials = auth-scheme 1*SP token68`, the scheme case-insensitive. The
+        // key is what follows the spaces, exactly: hyper already stripped the whitespace around
+        // the value, so whatever is left (`Bearer k x`, a tab) is part of what the client sent.
+        let v = v.as_bytes();
+        let Some(sp) = v.iter().position(|&b| b == b' ') else {
+            return Err("the Authorization header must be 'Bearer KEY'");
+        };
+        let (scheme, rest) = v.split_at(sp);
+        let key = &rest[rest.iter().take_while(|&&b| b == b' ').count()..];
+        if !scheme.eq_ignore_ascii_case(b"bearer") || key.is_empty() {
+            return Err("the Authorization header must be 'Bearer KEY'");
+        }
+        keys.push(key);
+    }
+    if let Some(v) = headers.get("x-api-key") {
+        if !error::is_anthropic_path(path) {
+            if keys.is_empty() {
+                return Err("x-api-key is accepted on the Anthropic routes (/v1/messages) only; send 'Authorization: Bearer KEY'");
+            }
+        } else {
+            keys.push(v.as_bytes());
+        }
+    }
+    Ok(keys)
+}
+
 async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     if st.cfg.api_keys.is_empty()
         || req.method() == Method::OPTIONS
@@ -240,35 +282,54 @@ async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> 
     {
         return next.run(req).await;
     }
-    let h = req.headers();
-    let key = h
-        .get(header::AUTHORIZATION)
-        .or_else(|| h.get("x-api-key"))
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+    let path = req.uri().path().to_string();
+    let keys = presented_keys(req.headers(), &path);
     // Every key is compared, each in constant time: the answer's timing says nothing about
     // which key, or how much of one, a guess matched. The key's index is the caller's prompt
     // cache partition (`scope`).
-    let matched = key.and_then(|k| {
-        st.cfg
-            .api_keys
-            .iter()
-            .enumerate()
-            .fold(None, |found, (i, a)| {
-                let eq = constant_time_eq::constant_time_eq(a.as_bytes(), k.as_bytes());
-                found.or(eq.then_some(i))
-            })
+    let matched = keys.as_ref().ok().and_then(|keys| {
+        keys.iter().find_map(|k| {
+            st.cfg
+                .api_keys
+                .iter()
+                .enumerate()
+                .fold(None, |found, (i, a)| {
+                    let eq = constant_time_eq::constant_time_eq(a.as_bytes(), k);
+                    found.or(eq.then_some(i))
+                })
+        })
     });
-    match matched {
-        Some(i) => {
+    match (matched, keys) {
+        (Some(i), _) => {
             req.extensions_mut().insert(scope::Caller { key: Some(i) });
             next.run(req).await
         }
-        _ => {
-            tracing::warn!(path = %req.uri().path(), "unauthorized: invalid API key");
-            ApiError::new(ErrorKind::Authentication, "Invalid API Key").into_response()
+        (None, keys) => {
+            tracing::warn!(path = %path, "unauthorized: invalid API key");
+            // llama-server's message; a malformed header says what the server expects.
+            let message = match keys {
+                Err(why) => format!("Invalid API Key: {why}"),
+                Ok(_) => "Invalid API Key".to_string(),
+            };
+            ApiError::new(ErrorKind::Authentication, message).response_for(&path)
         }
     }
+}
+
+/// The DNS-rebinding check ([`host`]): on a loopback TCP listener, a request must name a
+/// loopback host or one of `--allowed-hosts`.
+async fn check_host(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let loopback = req
+        .extensions()
+        .get::<conn::Listening>()
+        .is_some_and(|l| l.loopback_tcp);
+    if loopback {
+        if let Err(e) = host::check(&st.cfg.allowed_hosts, &req) {
+            tracing::warn!(path = %req.uri().path(), "refused: {}", e.message);
+            return e.response_for(req.uri().path());
+        }
+    }
+    next.run(req).await
 }
 
 /// Refuses a body announced larger than the limit before reading any of it (the body-limit
@@ -288,7 +349,7 @@ async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -
                 st.cfg.body_limit
             ),
         )
-        .into_response();
+        .response_for(req.uri().path());
     }
     // Bodies without a length may grow to the limit: they reserve all of it.
     let reserved = match announced {
@@ -301,7 +362,7 @@ async fn limit_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         Ok(p) => p,
         Err(e) => {
             // Refused before the body is read: the connection cannot carry another request.
-            let mut r = e.into_response();
+            let mut r = e.response_for(req.uri().path());
             r.headers_mut().insert(
                 header::CONNECTION,
                 header::HeaderValue::from_static("close"),
@@ -452,9 +513,16 @@ pub fn router(st: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(st.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(st.clone(), limit_body));
     // CORS wraps the routing: a preflight is answered on any path, before routing and auth.
+    // Outside it, every error answer gets a JSON body; outermost, the Host check refuses a
+    // rebinding page before anything else runs (its answer is JSON already).
     Router::new()
         .fallback_service(routes)
-        .layer(axum::middleware::from_fn_with_state(st, cors::layer))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            cors::layer,
+        ))
+        .layer(axum::middleware::from_fn(error::json_errors))
+        .layer(axum::middleware::from_fn_with_state(st, check_host))
 }
 
 pub use conn::Listener;

@@ -159,10 +159,17 @@ pub struct ServeArgs {
     /// `reasoning_budget_message`).
     #[arg(long = "reasoning-budget-message", default_value = "")]
     pub reasoning_budget_message: String,
-    /// CORS origins, comma-separated: `*` (default: any origin; `localhost` with --tools or MCP
-    /// servers), `localhost`, or a list.
+    /// CORS origins, comma-separated: `localhost` (default: pages served from this machine —
+    /// `localhost`, `127.0.0.1`, `[::1]`, any port), `*` (any page may call the server and read
+    /// its answers: llama-server's default; use with --api-key), or a list of origins.
     #[arg(long = "cors-origins")]
     pub cors_origins: Option<String>,
+    /// Host names a server listening on a loopback address answers besides `localhost`,
+    /// `127.0.0.1` and `[::1]`, comma-separated (`.example.test`: the domain and its
+    /// subdomains); requests naming another `Host` get 403 (protection against DNS rebinding).
+    /// `*`: any host, no check. Servers bound to other addresses are not checked.
+    #[arg(long = "allowed-hosts")]
+    pub allowed_hosts: Option<String>,
     /// Methods a CORS preflight allows.
     #[arg(long = "cors-methods", default_value = "GET, POST, DELETE, OPTIONS")]
     pub cors_methods: String,

@@ -90,11 +90,10 @@ fn template_kwargs(a: &ServeArgs) -> Result<serde_json::Map<String, serde_json::
     Ok(kwargs)
 }
 
-/// `--cors-origins`, or its default: any origin, but only localhost when llama-server's agent
-/// tools or MCP servers are asked for (as llama-server does). Those are accepted with a warning:
-/// specd has none of them.
+/// `--cors-origins`, or its default: loopback origins only (`localhost`; see
+/// `specd_server::cors` for why — llama-server's default is any origin, and only its agent tools
+/// or MCP servers make it localhost). Those are accepted with a warning: specd has none of them.
 fn cors_origins(a: &ServeArgs) -> String {
-    let mut tools = false;
     for (flag, v) in [
         ("--tools", &a.tools),
         ("--mcp-servers-config", &a.mcp_servers_config),
@@ -102,22 +101,16 @@ fn cors_origins(a: &ServeArgs) -> String {
     ] {
         if let Some(v) = v {
             eprintln!("warning: '{flag} {v}' accepted, but specd has no built-in agent tools or MCP servers (/tools is not served)");
-            tools = true;
         }
     }
     if a.agent && !a.no_agent {
         eprintln!(
             "warning: '--agent' accepted, but specd has no built-in agent tools and no web UI"
         );
-        tools = true;
     }
     match &a.cors_origins {
         Some(l) => l.clone(),
-        None if tools => {
-            eprintln!("warning: server tools or MCP servers are enabled, using localhost as default CORS origin (change via --cors-origins)");
-            "localhost".to_string()
-        }
-        None => "*".to_string(),
+        None => specd_server::cors::DEFAULT_ORIGINS.to_string(),
     }
 }
 
@@ -151,6 +144,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let hosts = listen::parse_hosts(&a.host)?;
     let cors_origins = cors_origins(&a);
+    let allowed_hosts =
+        specd_server::host::AllowedHosts::parse(a.allowed_hosts.as_deref().unwrap_or(""))
+            .map_err(anyhow::Error::msg)?;
     let explicit_template = match (&a.chat_template_file, &a.chat_template) {
         (Some(f), _) => Some(read_file(f)?),
         (None, Some(t)) => Some(chat_template(t)?),
@@ -298,6 +294,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if max_pending_bytes < body_limit {
         bail!("--max-pending-bytes {max_pending_bytes}: less than one request body may hold ({body_limit} bytes)");
     }
+    if cors_origins == "*" && api_keys.is_empty() {
+        // llama-server's warning for the same setting (its default there, an opt-in here).
+        eprintln!("warning: security: no API key is set and CORS allows all origins: any web page opened in a browser on this machine can use this server and read its answers (set --api-key, or leave --cors-origins at its default, localhost)");
+    }
     let model_path = path.display().to_string();
     let aliases = name_set(a.alias.as_deref());
     let cfg = ServerConfig {
@@ -334,6 +334,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             headers: a.cors_headers.clone(),
             credentials: !a.no_cors_credentials,
         },
+        allowed_hosts,
         body_limit,
         threads_http,
         max_pending_bytes,

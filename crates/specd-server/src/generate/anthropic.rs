@@ -11,7 +11,7 @@ use super::prompt::chat_prompt;
 use super::report::*;
 use super::stream::{sse, StreamShape};
 use super::*;
-use crate::error::{ErrorKind, JsonBody};
+use crate::error::JsonBody;
 use crate::scope::Caller;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
@@ -35,26 +35,13 @@ impl From<ApiError> for AnthropicError {
     }
 }
 
-/// Anthropic's name for an error kind (its `error.type`).
-fn error_type(k: ErrorKind) -> &'static str {
-    match k {
-        ErrorKind::InvalidRequest | ErrorKind::ExceedContext => "invalid_request_error",
-        ErrorKind::TooLarge => "request_too_large",
-        ErrorKind::Timeout => "invalid_request_error",
-        ErrorKind::Authentication => "authentication_error",
-        ErrorKind::NotFound => "not_found_error",
-        ErrorKind::Unavailable => "overloaded_error",
-        ErrorKind::NotSupported | ErrorKind::Server => "api_error",
-    }
-}
-
 fn error_body(e: &ApiError) -> Value {
-    json!({"type": "error", "error": {"type": error_type(e.kind), "message": e.message}})
+    e.anthropic_body()
 }
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        (self.0.status(), Json(error_body(&self.0))).into_response()
+        self.0.into_anthropic_response()
     }
 }
 
@@ -298,6 +285,10 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         messages.push(json!({"role": "system", "content": system_text(s)?}));
     }
     match b.get("messages") {
+        // Anthropic refuses an empty list (with this message); llama-server accepts it.
+        Some(Value::Array(ms)) if ms.is_empty() => {
+            return Err(invalid("messages: at least one message is required"))
+        }
         Some(Value::Array(ms)) => {
             for m in ms {
                 convert_message(m, &mut messages)?;
@@ -322,7 +313,9 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         .cloned()
         .unwrap_or(json!(DEFAULT_MAX_TOKENS));
     chat.insert("max_tokens".into(), max);
-    // Sampling and llama.cpp's extensions that mean the same on both APIs.
+    // Sampling and llama.cpp's extensions that mean the same on both APIs: `grammar` and
+    // `json_schema` too, checked and honoured as on `/v1/chat/completions` (llama-server passes
+    // them on as well) rather than dropped, which would answer unconstrained text.
     for key in [
         "model",
         "stream",
@@ -332,6 +325,8 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         "min_p",
         "seed",
         "chat_template_kwargs",
+        "grammar",
+        "json_schema",
     ] {
         if let Some(v) = b.get(key) {
             chat.insert(key.into(), v.clone());
@@ -814,7 +809,8 @@ mod tests {
                 "chat_template_kwargs": {"enable_thinking": false}
             })
         );
-        let chat = to_chat(&json!({"messages": [], "thinking": {"type": "adaptive"},
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let chat = to_chat(&json!({"messages": hi, "thinking": {"type": "adaptive"},
             "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}))
         .unwrap();
         assert_eq!(
@@ -826,8 +822,17 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
         );
         // The absent budget is llama-server's.
-        let chat = to_chat(&json!({"messages": []})).unwrap();
+        let chat = to_chat(&json!({"messages": hi})).unwrap();
         assert_eq!(chat["max_tokens"], 4096);
+        // llama.cpp's grammar fields go to the chat request, which checks them.
+        let chat = to_chat(&json!({"messages": hi, "grammar": "root ::= \"a\"",
+            "json_schema": {"type": "object"}}))
+        .unwrap();
+        assert_eq!(chat["grammar"], "root ::= \"a\"");
+        assert_eq!(chat["json_schema"], json!({"type": "object"}));
+        // No message at all: Anthropic's refusal (a system prompt alone is not a conversation).
+        let e = to_chat(&json!({"messages": [], "system": "s"})).unwrap_err();
+        assert_eq!(e.message, "messages: at least one message is required");
     }
 
     #[test]

@@ -243,7 +243,6 @@ async fn infill_inner(
     caller: Caller,
     body: Value,
 ) -> Result<Response, ApiError> {
-    let (fim, ids) = fim_tokens(&st)?;
     let (_, (tokens, g, x)) = on_worker(&st, body, move |st, f| {
         let prompt = match f.get("prompt") {
             None => Vec::new(),
@@ -261,6 +260,10 @@ async fn infill_inner(
         let mut g = gen_params(st, f, Api::Llama, caller)?;
         infill_spec(st, f, &mut g)?;
         let x = Extras::of(st, f, &g)?;
+        // The model's ability is checked once the request is known to be valid: a malformed
+        // request is told what is wrong with it (400) on any model, not only that this model
+        // cannot infill (501).
+        let (fim, ids) = fim_tokens(st)?;
         let parts = FimParts {
             prefix,
             suffix,
@@ -290,7 +293,6 @@ pub(crate) fn suffix_prompts(
             return Err(ApiError::invalid("'suffix' must be a string").with("param", "suffix"))
         }
     };
-    let (fim, ids) = fim_tokens(st)?;
     let prompts: Vec<&Value> = match f.get("prompt") {
         Some(Value::Array(a)) if !a.iter().any(is_int) => a.iter().collect(),
         Some(p) => vec![p],
@@ -298,11 +300,17 @@ pub(crate) fn suffix_prompts(
     };
     infill_spec(st, f, g)?;
     let suffix = tokenize_text(st, &suffix)?;
-    prompts
+    let prefixes = prompts
         .into_iter()
-        .map(|p| {
+        .map(|p| tokenize_part(st, "prompt", p))
+        .collect::<Result<Vec<_>, _>>()?;
+    // As `/infill`: the request is checked before the model's FIM tokens (400 before 501).
+    let (fim, ids) = fim_tokens(st)?;
+    prefixes
+        .into_iter()
+        .map(|prefix| {
             let parts = FimParts {
-                prefix: tokenize_part(st, "prompt", p)?,
+                prefix,
                 suffix: suffix.clone(),
                 prompt: Vec::new(),
                 extra: Vec::new(),

@@ -80,6 +80,14 @@ pub(crate) fn check_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
             )
         }
     };
+    // llama-server renders an empty list (the template's bare generation prompt) and answers
+    // 200; OpenAI refuses it, and a prompt of no message is a client's bug, not a question.
+    if msgs.is_empty() {
+        return Err(
+            ApiError::invalid("'messages' must contain at least one message")
+                .with("param", "messages"),
+        );
+    }
     for m in msgs {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         let content = m.get("content");
