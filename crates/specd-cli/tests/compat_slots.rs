@@ -121,4 +121,14 @@ fn slot_action_errors() {
         .as_str()
         .unwrap()
         .contains("--slot-save-path"));
+    // A malformed request is a 400 there too: it is validated before the capability check.
+    for (path, body) in [
+        ("/slots/x?action=save", json!({"filename": "a.bin"})),
+        ("/slots/0?action=fly", json!({})),
+        ("/slots/0?action=save", json!({"filename": "../a.bin"})),
+        ("/slots/0?action=restore", json!({})),
+    ] {
+        let r = plain.post(path, &body);
+        assert_error(&r, 400, "invalid_request_error");
+    }
 }

@@ -186,17 +186,26 @@ async fn action_inner(
     q: &HashMap<String, String>,
     body: Value,
 ) -> Result<Value, ApiError> {
+    // The request is validated before the capability is checked: a malformed one is a 400 on
+    // every server, whether or not it saves slots.
+    let slot: usize = id_slot
+        .parse()
+        .map_err(|_| ApiError::invalid("Invalid slot ID"))?;
+    let action = q.get("action").map(String::as_str);
+    if !matches!(action, Some("save" | "restore" | "erase")) {
+        return Err(ApiError::invalid("Invalid action"));
+    }
+    if matches!(action, Some("save" | "restore")) {
+        filename(&body)?;
+    }
     let Some(dir) = st.cfg.slot_save_path.clone() else {
         return Err(ApiError::new(
             ErrorKind::NotSupported,
             "This server does not support slots action. Start it with `--slot-save-path`",
         ));
     };
-    let slot: usize = id_slot
-        .parse()
-        .map_err(|_| ApiError::invalid("Invalid slot ID"))?;
     let t0 = Instant::now();
-    match q.get("action").map(String::as_str) {
+    match action {
         Some("save") => {
             let name = filename(&body)?;
             let (tokens, memory) = ask(st, |reply| SlotTask::Save { slot, scope, reply }).await?;
