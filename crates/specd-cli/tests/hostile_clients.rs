@@ -24,6 +24,14 @@ fn long_prompt(n: usize) -> String {
     s
 }
 
+/// Sends a POST of `body` to `path` on a connection of its own, and leaves the answer unread.
+fn send(s: &Server, path: &str, body: &str) -> std::net::TcpStream {
+    let mut c = connect(&s.addr);
+    write_request(&mut c, &s.addr, "POST", path, &[], Some(body.as_bytes()));
+    c.flush().unwrap();
+    c
+}
+
 fn slot_busy(s: &Server) -> bool {
     let slots = s.get("/slots").json();
     slots
@@ -50,15 +58,7 @@ fn a_client_that_leaves_during_its_prompt_frees_the_slot_within_a_chunk() {
     assert!(n_prompt > 3000, "{n_prompt} prompt tokens");
 
     // The same request, its connection closed once the prompt is under way.
-    let mut c = connect(&s.addr);
-    write_request(
-        &mut c,
-        &s.addr,
-        "POST",
-        "/completion",
-        &[],
-        Some(body.as_bytes()),
-    );
+    let c = send(&s, "/completion", &body);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !slot_busy(&s) {
         assert!(Instant::now() < deadline, "the request never started");
@@ -109,15 +109,7 @@ fn a_client_that_leaves_does_not_change_another_clients_answer() {
     let leave = json!({"prompt": long_prompt(4000), "n_predict": 4, "cache_prompt": false,
                        "id_slot": 0})
     .to_string();
-    let mut c = connect(&s.addr);
-    write_request(
-        &mut c,
-        &s.addr,
-        "POST",
-        "/completion",
-        &[],
-        Some(leave.as_bytes()),
-    );
+    let c = send(&s, "/completion", &leave);
     let addr = s.addr.clone();
     let stay2 = stay.clone();
     let other = std::thread::spawn(move || {
@@ -174,17 +166,8 @@ fn a_server_killed_while_it_saves_a_slot_leaves_the_earlier_file() {
             "/completion",
             &json!({"prompt": prompt, "n_predict": 2, "cache_prompt": true}),
         );
-        let mut c = connect(&s.addr);
         let body = json!({"filename": "slot.bin"}).to_string();
-        write_request(
-            &mut c,
-            &s.addr,
-            "POST",
-            "/slots/0?action=save",
-            &[],
-            Some(body.as_bytes()),
-        );
-        c.flush().unwrap();
+        let _c = send(&s, "/slots/0?action=save", &body);
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut seen_tmp = false;
         while Instant::now() < deadline {
