@@ -391,6 +391,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         cache_prompt: false,
         cache_scope: 0,
         time_limit: None,
+        checkpoints: Vec::new(),
+        prompt_logprobs: None,
     };
     if let Some(p) = &a.spec.model_draft {
         let opts = ModelOptions {

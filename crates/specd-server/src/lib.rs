@@ -237,7 +237,7 @@ impl AppState {
 }
 
 /// Endpoints that need no API key (as in llama-server: the model list needs one).
-const PUBLIC_PATHS: [&str; 2] = ["/health", "/v1/health"];
+const PUBLIC_PATHS: [&str; 3] = ["/", "/health", "/v1/health"];
 
 /// The key a request presents: `Authorization: Bearer KEY` anywhere, and Anthropic's
 /// `x-api-key: KEY` on Anthropic's routes (its SDKs send that header; elsewhere it is not part
@@ -390,7 +390,8 @@ async fn log_requests(State(st): State<Arc<AppState>>, req: Request, next: Next)
 
 /// Endpoints a sleeping server answers without waking (as in llama-server; and SGLang's
 /// info, load and flush endpoints, which need no engine).
-const SLEEP_PATHS: [&str; 12] = [
+const SLEEP_PATHS: [&str; 13] = [
+    "/",
     "/health",
     "/v1/health",
     "/models",
@@ -416,6 +417,9 @@ async fn wake(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
 /// The GET endpoints.
 fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
     vec![
+        // Clients probe the root before anything else (Claude Code sends `HEAD /`); llama-server
+        // serves its web UI there, which specd has not: it answers as `/health` does.
+        ("/", get(api::health)),
         ("/health", get(api::health)),
         ("/v1/health", get(api::health)),
         ("/models", get(api::models)),

@@ -159,6 +159,13 @@ pub struct GenParams {
     pub reasoning_budget: Option<specd_sampling::ReasoningBudget>,
     /// `t_max_predict_ms` (0 or absent: none).
     pub time_limit: Option<std::time::Duration>,
+    /// Prompt positions worth a recurrent-state checkpoint (set by the chat path, which knows
+    /// where the messages end).
+    pub checkpoints: Vec<usize>,
+    /// OpenAI completions' `logprobs` (its format: `tokens`, `token_logprobs`, …), the top count.
+    pub completion_logprobs: Option<usize>,
+    /// Score the prompt with the top count (completions' `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Which API the request came through (their field names differ a little).
@@ -293,6 +300,9 @@ pub fn parse_gen(f: &Fields, d: &Defaults, api: Api) -> Result<GenParams, ApiErr
             Some(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms as u64)),
             _ => None,
         },
+        checkpoints: Vec::new(),
+        completion_logprobs: None,
+        prompt_logprobs: None,
     })
 }
 

@@ -674,6 +674,7 @@ impl Worker {
                 decode_secs: 0.0,
                 stats: SpecStats::default(),
                 probs: Vec::new(),
+                prompt_probs: Vec::new(),
                 eog: None,
             };
             self.send(&job.events, Event::Done(Box::new(out)));

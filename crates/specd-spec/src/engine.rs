@@ -62,6 +62,16 @@ pub struct SequenceRequest {
     /// (as `n_predict` would) at the next token that contains a newline — a time limit for
     /// editor completions that still cuts at a line end.
     pub time_limit: Option<std::time::Duration>,
+    /// Prompt positions worth a recurrent-state checkpoint: where a later request is expected
+    /// to diverge from this prompt (message boundaries, the start of the generation prompt; the
+    /// chat renderer knows them). With prompt reuse on a hybrid model the prefill stops at each
+    /// and checkpoints there, besides the prompt-end checkpoint. Ignored otherwise.
+    pub checkpoints: Vec<usize>,
+    /// Score the prompt: with `Some(n)` the log-probability of every prompt token after the
+    /// first (teacher-forced: from the logits of the position before it) and the top `n` at each
+    /// position, in [`SeqOutput::prompt_probs`]. The prompt is then processed whole (no reuse:
+    /// reused positions have no logits), in pieces whose logits stay bounded in size.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// The logit biases a request samples with: its own, then `-inf` on every end-of-generation
@@ -95,6 +105,8 @@ impl SequenceRequest {
             cache_prompt: true,
             cache_scope: 0,
             time_limit: None,
+            checkpoints: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 }
@@ -153,6 +165,9 @@ pub struct SeqOutput {
     pub stats: SpecStats,
     /// Per generated token: its log-probability and the top `n_probs` (token, log-probability).
     pub probs: Vec<TokenProbs>,
+    /// With [`SequenceRequest::prompt_logprobs`]: per prompt token after the first, its
+    /// teacher-forced log-probability and the top ones at its position.
+    pub prompt_probs: Vec<TokenProbs>,
     /// The end-of-generation token that ended the sequence (reason [`FinishReason::Eos`]); it
     /// was sampled but is not in `tokens`.
     pub eog: Option<u32>,
@@ -249,9 +264,32 @@ struct GenSeq {
     prompt_start: Option<Instant>,
     /// The end-of-generation token that ended the sequence.
     eog: Option<u32>,
+    /// Where the prefill stops to checkpoint (prompt positions, ascending; see
+    /// [`SequenceRequest::checkpoints`]).
+    marks: Vec<usize>,
+    /// Teacher-forced log-probabilities of the prompt so far (prompt scoring).
+    prompt_probs: Vec<TokenProbs>,
 }
 
 impl GenSeq {
+    /// Where this step's prefill of the sequence ends: the prompt's last token but one, or
+    /// sooner — at the next checkpoint mark, or where a scoring piece's logits would exceed
+    /// [`SCORE_LOGITS`] floats.
+    fn prefill_end(&self, n_vocab: usize) -> usize {
+        let last = self.tokens.len() - 1;
+        let from = self.n_in_memory;
+        let mut end = self
+            .marks
+            .iter()
+            .copied()
+            .find(|&m| m > from && m < last)
+            .unwrap_or(last);
+        if self.req.prompt_logprobs.is_some() {
+            end = end.min(from + (SCORE_LOGITS / n_vocab.max(1)).max(1));
+        }
+        end
+    }
+
     /// Passes the prompt to the drafters (a draft model processes it now, as prompt work) and
     /// returns the seconds that took. A failure is not the sequence's: the drafter catches up
     /// in its first draft call instead (and reports any error there).
@@ -269,6 +307,10 @@ impl GenSeq {
         secs
     }
 }
+
+/// Most logits a scoring prefill piece holds at once (64 MiB of `f32`): a long prompt is scored
+/// piece by piece so that its logits never take prompt length × vocabulary floats.
+const SCORE_LOGITS: usize = 16 << 20;
 
 /// One sequence's part of a step's verification batch.
 struct Planned {
@@ -383,13 +425,22 @@ impl Engine {
             sampler = sampler.with_reasoning_budget(b.clone());
         }
         let chain = self.build_chain(&req, sampler.seed())?;
+        // A scored prompt is processed whole: reused positions would have no logits.
         let n_cached = self.reuse.take(
             &mut self.mem,
             seq,
             req.cache_scope,
             &req.prompt,
-            req.cache_prompt,
+            req.cache_prompt && req.prompt_logprobs.is_none(),
         );
+        let marks = if self.reuse.checkpoints_on(&self.mem) {
+            let mut m = req.checkpoints.clone();
+            m.sort_unstable();
+            m.dedup();
+            m
+        } else {
+            Vec::new()
+        };
         let tokens = req.prompt.clone();
         let n_prompt = tokens.len();
         let controller = Controller::new(req.spec.n_max);
@@ -416,6 +467,8 @@ impl Engine {
                 forced_round: false,
                 prompt_start: None,
                 eog: None,
+                marks,
+                prompt_probs: Vec::new(),
             },
         );
         Ok(())
@@ -439,6 +492,24 @@ impl Engine {
                     .observe_target(&toks, batch.rows[i].pos as usize, &hidden);
             }
             i = j;
+        }
+    }
+
+    /// Prompt scoring: the log-probability of the token after each decoded prompt row of a
+    /// scored sequence (rows carry logits only for those), from the first `n_rows` rows.
+    fn score_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput, n_rows: usize) {
+        for (r, row) in batch.rows[..n_rows.min(batch.rows.len())].iter().enumerate() {
+            if !row.logits {
+                continue;
+            }
+            let Some(s) = self.seqs.get_mut(&row.seq) else {
+                continue;
+            };
+            let (Some(n), Some(logits)) = (s.req.prompt_logprobs, out.logits_of_row(r)) else {
+                continue;
+            };
+            let next = s.tokens[row.pos as usize + 1];
+            s.prompt_probs.push(token_probs(logits, next, n));
         }
     }
 
@@ -597,6 +668,7 @@ impl Engine {
             .map(|(id, _)| *id)
             .collect();
         if !new.is_empty() {
+            let n_vocab = self.model.config().n_vocab;
             let mut batch = Batch::new();
             // Per new sequence: its rows in the batch and its tokens in memory before them.
             let mut spans = Vec::with_capacity(new.len());
@@ -616,9 +688,10 @@ impl Engine {
                 let from = batch.len();
                 // Tokens reused from kept memory (prompt cache), or processed by an earlier
                 // step whose prefill stopped early, are already there.
-                let prefill = s.tokens[..s.tokens.len() - 1].iter().enumerate();
-                for (i, &t) in prefill.skip(s.n_in_memory) {
-                    batch.push(t, i as u32, *id, false);
+                let end = s.prefill_end(n_vocab);
+                let scored = s.req.prompt_logprobs.is_some();
+                for (i, &t) in s.tokens[..end].iter().enumerate().skip(s.n_in_memory) {
+                    batch.push(t, i as u32, *id, scored);
                 }
                 spans.push((
                     *id,
@@ -662,6 +735,7 @@ impl Engine {
                     .decode_with(&mut self.mem, &batch, &mut chunk_done)
                     .map(|out| {
                         self.observe_rows(&batch, &out, prev);
+                        self.score_rows(&batch, &out, prev);
                         prev
                     })
             };
@@ -678,9 +752,17 @@ impl Engine {
                             s.prompt_secs += secs;
                             continue;
                         }
-                        s.n_in_memory = s.tokens.len() - 1;
-                        s.prefilled = true;
                         s.prompt_secs += secs;
+                        s.n_in_memory = before + (to - from);
+                        if s.n_in_memory < s.tokens.len() - 1 {
+                            // A piece ended at a checkpoint mark (or a scoring piece's end):
+                            // the rest follows in the next step.
+                            if s.marks.contains(&s.n_in_memory) {
+                                self.reuse.checkpoint_prompt(&mut self.mem, id);
+                            }
+                            continue;
+                        }
+                        s.prefilled = true;
                         if !gone(id) {
                             s.prompt_secs += s.prefill_drafters();
                         }
@@ -691,6 +773,12 @@ impl Engine {
                     // Retry one by one so a bad prompt fails only its own sequence.
                     for id in new {
                         let s = &self.seqs[&id];
+                        if s.req.prompt_logprobs.is_some() {
+                            // A whole prompt's logits at once could be prompt × vocabulary
+                            // floats: a scored prompt is not retried in one piece.
+                            self.fail(id, "scoring the prompt failed".into(), events);
+                            continue;
+                        }
                         let toks = s.tokens[..s.tokens.len() - 1].to_vec();
                         self.mem.clear(id);
                         if let Some(s) = self.seqs.get_mut(&id) {
@@ -1129,6 +1217,7 @@ impl Engine {
                 decode_secs: between(s.first_token, s.last_token),
                 stats: s.stats,
                 probs: s.probs,
+                prompt_probs: s.prompt_probs,
                 eog: s.eog,
             };
             events.push(StepEvent::Finished {

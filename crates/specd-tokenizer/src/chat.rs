@@ -120,6 +120,12 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// Content bytes between the spaced checkpoint marks of a long conversation
+/// ([`ChatTemplate::render_marked`]): about 4k tokens.
+pub const MARK_SPACING: usize = 16 << 10;
+/// Spaced marks per render (each costs a render of a prefix of the conversation).
+const MAX_SPACED_MARKS: usize = 3;
+
 /// The inputs of one render.
 #[derive(Debug, Clone, Default)]
 pub struct ChatInputs<'a> {
@@ -221,6 +227,69 @@ impl ChatTemplate {
             add_generation_prompt,
             now: None,
         })
+    }
+
+    /// [`ChatTemplate::render`], with the byte offsets in the text where a later request of the
+    /// same conversation is likely to part from this one — worth a recurrent-state checkpoint
+    /// on a hybrid model (`docs/prompt-cache.md`). They are the ends of message prefixes whose
+    /// own render starts the full one: all messages (the start of the generation prompt: the
+    /// next turn re-renders the answer, often differently, e.g. without its thinking), through
+    /// the last user message (thinking templates drop the reasoning of the turns after it once
+    /// a new user message comes), the leading system messages (a shared system prompt and
+    /// tools), and in a long conversation a few more message ends, spaced by
+    /// [`MARK_SPACING`] bytes of content, counted back from the end.
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &Map<String, Json>,
+    ) -> Result<(String, Vec<usize>), TokenizerError> {
+        let full = self.render(messages, add_generation_prompt, extra)?;
+        let mut ends = std::collections::BTreeSet::new();
+        ends.insert(messages.len());
+        if let Some(u) = messages.iter().rposition(|m| m.role == "user") {
+            ends.insert(u + 1);
+        }
+        let lead = messages
+            .iter()
+            .take_while(|m| m.role == "system" || m.role == "developer")
+            .count();
+        ends.insert(lead);
+        let mut since = 0;
+        let mut spaced = 0;
+        for k in (1..messages.len()).rev() {
+            since += messages[k].content_text().len();
+            if since >= MARK_SPACING && spaced < MAX_SPACED_MARKS {
+                ends.insert(k);
+                since = 0;
+                spaced += 1;
+            }
+        }
+        let mut marks = ends
+            .into_iter()
+            .filter(|&k| k > 0)
+            .filter_map(|k| self.render(&messages[..k], false, extra).ok())
+            .filter(|head| head.len() < full.len() && full.starts_with(head.as_str()))
+            .map(|head| head.len())
+            .collect::<std::collections::BTreeSet<_>>();
+        // Templates that refuse a conversation of system messages alone (Qwen3.5: "No user
+        // query found"): the system prompt then ends where a probe user message's text starts
+        // — the text any conversation with this system prompt and tools shares.
+        if lead > 0 && lead < messages.len() {
+            let mut probe = messages[..lead].to_vec();
+            probe.push(ChatMessage::new("user", "\u{1}"));
+            if let Ok(p) = self.render(&probe, false, extra) {
+                let common = p
+                    .char_indices()
+                    .zip(full.chars())
+                    .find(|((_, a), b)| a != b)
+                    .map(|((i, _), _)| i);
+                if let Some(c) = common.filter(|&c| c > 0) {
+                    marks.insert(c);
+                }
+            }
+        }
+        Ok((full, marks.into_iter().collect()))
     }
 
     /// Renders a conversation as llama-server renders it.

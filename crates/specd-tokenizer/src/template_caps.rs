@@ -30,6 +30,12 @@ pub struct TemplateCaps {
     pub parallel_tool_calls: bool,
     /// Writes a system message's content.
     pub system_role: bool,
+    /// Takes a system message after other messages (Qwen3.5's template refuses one: "System
+    /// message must be at the beginning"). Not one of llama-server's caps: specd's rule for
+    /// later system messages reads it (`docs/chat-messages.md`).
+    pub system_anywhere: bool,
+    /// Takes two user messages in a row (templates that insist on alternating roles refuse).
+    pub consecutive_users: bool,
     /// Writes the reasoning of assistant turns before the last user message when asked to keep
     /// it (`preserve_thinking`).
     pub preserve_reasoning: bool,
@@ -160,6 +166,26 @@ pub(crate) fn probe<E>(source: &str, render: impl Fn(Value) -> Result<String, E>
         &[],
     );
     let system_role = has(&system, SYSTEM_MARK);
+    let later_system = run(
+        json!([
+            {"role": "user", "content": "User message"},
+            {"role": "assistant", "content": "Assistant message"},
+            {"role": "system", "content": SYSTEM_MARK},
+            {"role": "user", "content": "User message"},
+        ]),
+        json!([]),
+        &[],
+    );
+    let system_anywhere = has(&later_system, SYSTEM_MARK);
+    let consecutive_users = run(
+        json!([
+            {"role": "user", "content": "User message"},
+            {"role": "user", "content": STRING_MARK},
+        ]),
+        json!([]),
+        &[],
+    )
+    .is_some();
 
     let tools_list = json!([{
         "name": "tool",
@@ -276,6 +302,8 @@ pub(crate) fn probe<E>(source: &str, render: impl Fn(Value) -> Result<String, E>
         tool_calls,
         parallel_tool_calls,
         system_role,
+        system_anywhere,
+        consecutive_users,
         preserve_reasoning,
         reasoning_effort,
         object_arguments,

@@ -8,8 +8,9 @@
 //!   in a text part for templates that only read parts ([`TemplateCaps`]);
 //! * tool-call `arguments`, sent as a JSON string in the OpenAI API, parsed into a mapping for
 //!   templates that read them as one (Qwen3.5 / Qwen3-Coder iterate them with `|items`);
-//! * `developer` messages as `system`, and a system message merged into the next message for
-//!   templates without a system role;
+//! * `developer` messages as `system`; system messages anywhere in the conversation brought to
+//!   where the template takes them ([`fold_system`]), and a system message merged into the next
+//!   message for templates without a system role;
 //! * tools rebuilt as `{"type": "function", "function": {name, description, parameters}}`;
 //! * `enable_thinking`, today's date (`date_string`, `datetime`), the kwargs, and the variables
 //!   that `preserve_reasoning` / `reasoning_effort` stand for.
@@ -152,6 +153,7 @@ pub(crate) fn messages(
         }
         out.push(j);
     }
+    fold_system(&mut out, caps, only_typed);
     if !caps.system_role && out.first().and_then(|m| m.get("role")) == Some(&"system".into()) {
         let first = out.remove(0);
         if let Some(next) = out.first_mut() {
@@ -168,6 +170,73 @@ pub(crate) fn messages(
         }
     }
     Ok(out)
+}
+
+fn role_of(m: &Json) -> &str {
+    m.get("role").and_then(Json::as_str).unwrap_or("")
+}
+
+/// A prepared message's text (string content, or its text parts joined by a newline).
+fn text_of(m: &Json) -> String {
+    match m.get("content") {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Array(parts)) => joined(parts),
+        _ => String::new(),
+    }
+}
+
+/// Sets a prepared message's text, in the content form the template reads.
+fn set_text(m: &mut Json, text: String, only_typed: bool) {
+    m["content"] = if only_typed {
+        serde_json::json!([{"type": "text", "text": text}])
+    } else {
+        Json::String(text)
+    };
+}
+
+/// System messages (and `developer` ones, which are system messages by now) wherever a client
+/// puts them, brought to where the template takes them (`docs/chat-messages.md`):
+/// * the leading run is merged into one system message (texts joined by a blank line): templates
+///   take one leading system message, and the merged text stays a stable prefix;
+/// * a later one stays where it is if the template takes system messages there; otherwise it
+///   becomes a user message in the same place (moving it into the leading system message would
+///   change the prompt's prefix each time one appears, and with it all prompt reuse), merged
+///   into the user message next to it for templates that refuse two user messages in a row.
+///
+/// A template that takes system messages anywhere gets them as sent (as llama-server sends them).
+fn fold_system(out: &mut Vec<Json>, caps: &TemplateCaps, only_typed: bool) {
+    if caps.system_anywhere {
+        return;
+    }
+    while out.len() >= 2 && role_of(&out[0]) == "system" && role_of(&out[1]) == "system" {
+        let second = out.remove(1);
+        let text = format!("{}\n\n{}", text_of(&out[0]), text_of(&second));
+        set_text(&mut out[0], text, only_typed);
+    }
+    let mut i = 1;
+    while i < out.len() {
+        if role_of(&out[i]) != "system" {
+            i += 1;
+            continue;
+        }
+        out[i]["role"] = "user".into();
+        if caps.consecutive_users {
+            i += 1;
+            continue;
+        }
+        let text = text_of(&out[i]);
+        if out.get(i + 1).is_some_and(|m| role_of(m) == "user") {
+            let merged = format!("{text}\n\n{}", text_of(&out[i + 1]));
+            set_text(&mut out[i + 1], merged, only_typed);
+            out.remove(i);
+        } else if role_of(&out[i - 1]) == "user" {
+            let merged = format!("{}\n\n{text}", text_of(&out[i - 1]));
+            set_text(&mut out[i - 1], merged, only_typed);
+            out.remove(i);
+        } else {
+            i += 1;
+        }
+    }
 }
 
 /// Tool-call arguments, a JSON string, parsed for templates that read them as a mapping.

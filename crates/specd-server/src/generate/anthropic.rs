@@ -134,9 +134,19 @@ fn tool_result_text(v: Option<&Value>) -> Result<String, ApiError> {
 fn convert_message(m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let role = match m.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
+        // Claude Code sends system messages inside `messages` (mid-conversation instructions):
+        // a system message in its place, which the chat renderer brings to where the template
+        // takes it (docs/chat-messages.md).
+        Some("system") => {
+            let text = m
+                .get("content")
+                .ok_or_else(|| invalid("messages: a system message needs 'content'"))?;
+            out.push(json!({"role": "system", "content": system_text(text)?}));
+            return Ok(());
+        }
         Some(r) => {
             return Err(invalid(format!(
-                "messages: role '{r}' is not one of 'user', 'assistant' (the system prompt goes in 'system')"
+                "messages: role '{r}' is not one of 'user', 'assistant', 'system'"
             )))
         }
         None => return Err(invalid("messages: each message needs a 'role'")),
@@ -353,26 +363,38 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
         }
     }
     // Extended thinking: on or off in the template (unless the request set it itself), and the
-    // budget under the name of the chat API's field.
-    if let Some(t) = b.get("thinking").filter(|v| !v.is_null()) {
-        let on =
-            match t.get("type").and_then(Value::as_str) {
-                // `adaptive` and `between_tools` leave when to think to the model: thinking is on.
-                Some("enabled" | "adaptive" | "between_tools") => true,
-                Some("disabled") => false,
-                _ => return Err(invalid(
+    // budget under the name of the chat API's field. Absent means off, as in Anthropic's API
+    // (llama-server leaves the template's default, on for Qwen3.5). A forced tool call
+    // (`any` / `tool`) starts without thinking, as Anthropic's API requires, so the call comes
+    // at once instead of after a thinking block that may not end in time.
+    let on = match b.get("thinking").filter(|v| !v.is_null()) {
+        None => false,
+        Some(t) => match t.get("type").and_then(Value::as_str) {
+            // `adaptive` and `between_tools` leave when to think to the model: thinking is on.
+            Some("enabled" | "adaptive" | "between_tools") => true,
+            Some("disabled") => false,
+            _ => {
+                return Err(invalid(
                     "'thinking.type' must be 'enabled', 'adaptive', 'between_tools' or 'disabled'",
-                )),
-            };
-        let kw = chat
-            .entry("chat_template_kwargs")
-            .or_insert_with(|| json!({}));
-        if let Some(kw) = kw.as_object_mut() {
-            kw.entry("enable_thinking").or_insert(json!(on));
-        }
-        if let (true, Some(n)) = (on, t.get("budget_tokens")) {
-            chat.insert("thinking_budget_tokens".into(), n.clone());
-        }
+                ))
+            }
+        },
+    };
+    let forced = matches!(
+        b.get("tool_choice")
+            .and_then(|tc| tc.get("type"))
+            .and_then(Value::as_str),
+        Some("any" | "tool")
+    );
+    let on = on && !forced;
+    let kw = chat
+        .entry("chat_template_kwargs")
+        .or_insert_with(|| json!({}));
+    if let Some(kw) = kw.as_object_mut() {
+        kw.entry("enable_thinking").or_insert(json!(on));
+    }
+    if let (true, Some(n)) = (on, b.get("thinking").and_then(|t| t.get("budget_tokens"))) {
+        chat.insert("thinking_budget_tokens".into(), n.clone());
     }
     Ok(Value::Object(chat))
 }
@@ -821,9 +843,33 @@ mod tests {
             chat["response_format"],
             json!({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}})
         );
-        // The absent budget is llama-server's.
+        // The absent budget is llama-server's; absent thinking is off (Anthropic's default).
         let chat = to_chat(&json!({"messages": hi})).unwrap();
         assert_eq!(chat["max_tokens"], 4096);
+        assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": false}));
+        // A forced call starts without thinking; the request's own kwargs still win.
+        for tc in [json!({"type": "any"}), json!({"type": "tool", "name": "f"})] {
+            let chat = to_chat(&json!({"messages": hi, "tool_choice": tc,
+                "thinking": {"type": "enabled", "budget_tokens": 2000}}))
+            .unwrap();
+            assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": false}));
+            assert!(chat.get("thinking_budget_tokens").is_none());
+        }
+        let chat = to_chat(&json!({"messages": hi,
+            "chat_template_kwargs": {"enable_thinking": true}}))
+        .unwrap();
+        assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": true}));
+        // System messages inside `messages` (Claude Code's) stay in their place.
+        let chat = to_chat(&json!({"system": [{"type": "text", "text": "s"}], "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "later"}]},
+            {"role": "user", "content": "again"}]}))
+        .unwrap();
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                {"role": "system", "content": "later"}, {"role": "user", "content": "again"}])
+        );
         // llama.cpp's grammar fields go to the chat request, which checks them.
         let chat = to_chat(&json!({"messages": hi, "grammar": "root ::= \"a\"",
             "json_schema": {"type": "object"}}))

@@ -176,6 +176,8 @@ pub(crate) fn prepare(
     r.cache_prompt = g.cache_prompt;
     r.cache_scope = g.cache_scope;
     r.time_limit = g.time_limit;
+    r.checkpoints = g.checkpoints.clone();
+    r.prompt_logprobs = g.prompt_logprobs;
     if r.spec.drafters.contains(&DrafterKind::DraftSimple) {
         r.draft_model = st.cfg.draft_model.clone();
         if r.draft_model.is_none() {

@@ -238,7 +238,8 @@ pub(crate) fn chat_request(
     caller: Caller,
 ) -> Result<(Vec<u32>, GenParams, OutputConfig), ApiError> {
     let mut g = gen_params(st, f, Api::OaiChat, caller)?;
-    let (text, prompt) = chat_prompt_text(st, f)?;
+    let (text, prompt, marks) = chat_prompt_text(st, f)?;
+    g.checkpoints = marks;
     let (out_cfg, tool_grammar) = chat_output(st, f, &text)?;
     if tool_grammar.is_some() {
         g.grammar = tool_grammar;

@@ -133,6 +133,16 @@ pub(crate) fn check_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
 /// `chat_template_kwargs` visible to the template): a generation prompt after them, or — with
 /// `continue_final_message`, or a final assistant message (prefill) — the last one left open.
 pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
+    render_chat_marked(st, f, false).map(|(text, _)| text)
+}
+
+/// [`render_chat`], with `marked`: the byte offsets in the text worth a checkpoint
+/// ([`specd_tokenizer::ChatTemplate::render_marked`]).
+fn render_chat_marked(
+    st: &AppState,
+    f: &Fields,
+    marked: bool,
+) -> Result<(String, Vec<usize>), ApiError> {
     let raw = check_messages(f)?;
     let (add_generation_prompt, part) = continuation(f, &raw, st.cfg.prefill_assistant)?;
     let msgs: Vec<ChatMessage> = raw
@@ -159,14 +169,68 @@ pub fn render_chat(st: &AppState, f: &Fields) -> Result<String, ApiError> {
         }
         _ => {}
     }
+    // A call the request forces starts without thinking (unless the request asks for thinking
+    // itself): a grammar that admits the call only after the thinking ends may not see it end.
+    let forced = match f.get("tool_choice") {
+        Some(Value::String(c)) => c == "required",
+        Some(Value::Object(_)) => true,
+        _ => false,
+    };
+    if forced {
+        extra.entry("enable_thinking").or_insert(false.into());
+    }
     if let Some(t) = f.get("tools") {
         extra.insert("tools".into(), t.clone());
     }
     let out = match part {
-        None => st.template.render(&msgs, add_generation_prompt, &extra),
-        Some(p) => st.template.render_continuation(&msgs, p, &extra),
+        None if marked => st
+            .template
+            .render_marked(&msgs, add_generation_prompt, &extra),
+        None => st
+            .template
+            .render(&msgs, add_generation_prompt, &extra)
+            .map(|t| (t, Vec::new())),
+        Some(p) => st
+            .template
+            .render_continuation(&msgs, p, &extra)
+            .map(|t| (t, Vec::new())),
     };
     out.map_err(|e| ApiError::invalid(format!("applying the chat template: {e}")))
+}
+
+/// Byte offsets in a prompt's text as token positions of its tokens `ids`: for each offset, the
+/// tokens that lie wholly before it. None where the tokens do not spell the text piece by piece
+/// (a tokenizer that changes the text, e.g. adding a leading space).
+fn byte_marks_to_positions(st: &AppState, text: &str, ids: &[u32], marks: &[usize]) -> Vec<usize> {
+    let tok = st.model.tokenizer();
+    let text = text.as_bytes();
+    // A BOS the tokenizer added is not in the text.
+    let skip = match (ids.first(), tok.bos_id()) {
+        (Some(&first), Some(b)) if first == b && !text.starts_with(tok.token_to_bytes(b)) => 1,
+        _ => 0,
+    };
+    let mut out = Vec::with_capacity(marks.len());
+    let mut at = 0;
+    let mut next = marks.iter().copied().peekable();
+    for (i, &id) in ids.iter().enumerate().skip(skip) {
+        while next.peek().is_some_and(|&m| m < at + tok.token_to_bytes(id).len()) {
+            if let Some(m) = next.next() {
+                if m >= at && i > 0 {
+                    out.push(i);
+                }
+            }
+        }
+        let piece = tok.token_to_bytes(id);
+        if text.get(at..at + piece.len()) != Some(piece) {
+            return Vec::new();
+        }
+        at += piece.len();
+    }
+    if at != text.len() {
+        return Vec::new();
+    }
+    out.dedup();
+    out
 }
 
 /// Text → tokens as llama-server does for prompts: BOS as the model asks, special tokens parsed.
@@ -296,10 +360,17 @@ pub(crate) fn chat_prompt(st: &AppState, f: &Fields) -> Result<Vec<u32>, ApiErro
 
 /// [`chat_prompt`] with the prompt's text (the output stage reads how the prompt ends), for a
 /// generation: a text longer than the context can hold is refused before it is tokenized.
-pub(crate) fn chat_prompt_text(st: &AppState, f: &Fields) -> Result<(String, Vec<u32>), ApiError> {
-    let text = render_chat(st, f)?;
+/// Also the prompt positions worth a checkpoint ([`GenParams::checkpoints`]).
+///
+/// [`GenParams::checkpoints`]: crate::params::GenParams::checkpoints
+pub(crate) fn chat_prompt_text(
+    st: &AppState,
+    f: &Fields,
+) -> Result<(String, Vec<u32>, Vec<usize>), ApiError> {
+    let (text, marks) = render_chat_marked(st, f, st.model.memory_layout().is_hybrid())?;
     st.limits
         .check_prompt_bytes(text.len(), st.cfg.n_ctx_slot)?;
     let ids = tokenize_prompt(st, &text, true)?;
-    Ok((text, ids))
+    let positions = byte_marks_to_positions(st, &text, &ids, &marks);
+    Ok((text, ids, positions))
 }

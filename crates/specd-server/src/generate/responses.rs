@@ -21,8 +21,9 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use specd_output::{AssistantMessage, ChatOutput, Delta};
 use specd_spec::engine::TokenProbs;
-use specd_spec::{LiveTimings, PromptProgress};
+use specd_spec::{FinishReason, LiveTimings, PromptProgress};
 use std::cell::Cell;
+use std::collections::HashMap;
 
 fn invalid(msg: impl Into<String>) -> ApiError {
     ApiError::invalid(msg)
@@ -195,39 +196,80 @@ fn convert_item(item: &Value, msgs: &mut Vec<Map<String, Value>>) -> Result<(), 
     Ok(())
 }
 
-/// Responses function tools as chat tools. Built-in tools (web search, file search, …) run on
-/// OpenAI's side and cannot be honoured here.
+/// One Responses function tool as a chat tool.
+fn function_tool(t: &Value) -> Result<Value, ApiError> {
+    let mut f = Map::new();
+    for k in ["name", "description", "parameters", "strict"] {
+        if let Some(v) = t.get(k).filter(|v| !v.is_null()) {
+            f.insert(k.into(), v.clone());
+        }
+    }
+    // Responses function tools are strict unless they say otherwise (chat ones are not).
+    f.entry("strict").or_insert(json!(true));
+    if !f.contains_key("name") {
+        return Err(invalid("tools: each function tool needs a 'name'"));
+    }
+    Ok(json!({"type": "function", "function": f}))
+}
+
+/// Responses tools as chat tools: function tools as they are, the function tools inside a
+/// `namespace` tool (Codex CLI groups its sub-agent tools so) under their own names — a call
+/// comes back with its `namespace` ([`tool_namespaces`]). Hosted tools (web search, file
+/// search, …) run on OpenAI's side: they are accepted and not offered to the model, with a
+/// warning, since clients send them by default (Codex sends `web_search`).
 fn convert_tools(tools: &Value) -> Result<Value, ApiError> {
     let Value::Array(tools) = tools else {
         return Err(invalid("'tools' must be an array"));
     };
-    tools
-        .iter()
-        .map(|t| {
-            match t.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                other => {
-                    return Err(invalid(format!(
-                        "tool type '{}' is not supported: only function tools are",
-                        other.unwrap_or("(none)")
-                    )))
+    let mut out = Vec::new();
+    for t in tools {
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => out.push(function_tool(t)?),
+            Some("namespace") => {
+                let Some(Value::Array(inner)) = t.get("tools") else {
+                    return Err(invalid("tools: a namespace tool needs a 'tools' array"));
+                };
+                for f in inner {
+                    if f.get("type").and_then(Value::as_str) != Some("function") {
+                        return Err(invalid(
+                            "tools: a namespace tool may hold only function tools",
+                        ));
+                    }
+                    out.push(function_tool(f)?);
                 }
             }
-            let mut f = Map::new();
-            for k in ["name", "description", "parameters", "strict"] {
-                if let Some(v) = t.get(k).filter(|v| !v.is_null()) {
-                    f.insert(k.into(), v.clone());
-                }
+            Some(hosted) => {
+                tracing::warn!(tool = hosted, "Responses: hosted tool not offered to the model (specd cannot run it)");
             }
-            // Responses function tools are strict unless they say otherwise (chat ones are not).
-            f.entry("strict").or_insert(json!(true));
-            if !f.contains_key("name") {
-                return Err(invalid("tools: each function tool needs a 'name'"));
+            None => return Err(invalid("tools: each tool needs a 'type'")),
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// The namespace of each function a request's `namespace` tools hold: a call of one is
+/// answered with `namespace` beside its `name`, as the client looks it up.
+fn tool_namespaces(body: &Value) -> HashMap<String, String> {
+    let mut m = HashMap::new();
+    let Some(Value::Array(tools)) = body.get("tools") else {
+        return m;
+    };
+    for t in tools {
+        if t.get("type").and_then(Value::as_str) != Some("namespace") {
+            continue;
+        }
+        let (Some(ns), Some(Value::Array(inner))) =
+            (t.get("name").and_then(Value::as_str), t.get("tools"))
+        else {
+            continue;
+        };
+        for f in inner {
+            if let Some(name) = f.get("name").and_then(Value::as_str) {
+                m.insert(name.to_string(), ns.to_string());
             }
-            Ok(json!({"type": "function", "function": f}))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Value::Array)
+        }
+    }
+    m
 }
 
 /// The members of a Responses request that are not chat fields; the others (sampling,
@@ -350,15 +392,33 @@ fn item_id(prefix: &str) -> String {
     response_id(prefix).replacen('-', "_", 1)
 }
 
-/// Responses `usage`.
-fn usage_json(out: &SeqOutput) -> Value {
+/// Responses `usage`. `reasoning_tokens`: the reasoning text's tokens (it is re-tokenized: the
+/// output stage splits text, not tokens), at most the tokens generated.
+fn usage_json(st: &AppState, out: &SeqOutput, reasoning: &str) -> Value {
+    let reasoning_tokens = if reasoning.is_empty() {
+        0
+    } else {
+        let tok = st.model.tokenizer();
+        tok.encode(reasoning, false, false)
+            .map_or(0, |t| t.len())
+            .min(out.n_decoded())
+    };
     json!({
         "input_tokens": out.n_prompt,
         "input_tokens_details": {"cached_tokens": out.n_cached},
         "output_tokens": out.n_decoded(),
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": out.n_prompt + out.n_decoded(),
     })
+}
+
+/// The response's `status`: `incomplete` when the output token limit (or the context) cut the
+/// generation, as OpenAI reports it, else `completed`.
+fn status_of(out: &SeqOutput) -> &'static str {
+    match out.reason {
+        FinishReason::Limit | FinishReason::Context => "incomplete",
+        _ => "completed",
+    }
 }
 
 fn output_text(text: &str) -> Value {
@@ -375,13 +435,23 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
            "content": [output_text(text)]})
 }
 
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"id": id, "type": "function_call", "status": status, "call_id": call_id,
-           "name": name, "arguments": arguments})
+/// A function call item; a function of a `namespace` tool carries its `namespace`.
+fn call_item(
+    id: &str,
+    (call_id, name, arguments): (&str, &str, &str),
+    status: &str,
+    namespaces: &HashMap<String, String>,
+) -> Value {
+    let mut item = json!({"id": id, "type": "function_call", "status": status,
+        "call_id": call_id, "name": name, "arguments": arguments});
+    if let Some(ns) = namespaces.get(name) {
+        item["namespace"] = json!(ns);
+    }
+    item
 }
 
 /// The output items of a whole message: reasoning, the message, one item per function call.
-fn output_items(m: &AssistantMessage) -> Vec<Value> {
+fn output_items(m: &AssistantMessage, namespaces: &HashMap<String, String>) -> Vec<Value> {
     let mut items = Vec::new();
     if !m.reasoning.is_empty() {
         items.push(reasoning_item(&item_id("rs"), &m.reasoning, "completed"));
@@ -392,10 +462,9 @@ fn output_items(m: &AssistantMessage) -> Vec<Value> {
     for c in &m.tool_calls {
         items.push(call_item(
             &item_id("fc"),
-            &c.id,
-            &c.name,
-            &c.arguments,
+            (&c.id, &c.name, &c.arguments),
             "completed",
+            namespaces,
         ));
     }
     items
@@ -446,8 +515,17 @@ fn response_json(
     r.insert("id".into(), json!(id));
     r.extend(echo.clone());
     r.insert("status".into(), json!(status));
-    if status == "completed" {
-        r.insert("completed_at".into(), json!(unix_now()));
+    match status {
+        "completed" => {
+            r.insert("completed_at".into(), json!(unix_now()));
+        }
+        "incomplete" => {
+            r.insert(
+                "incomplete_details".into(),
+                json!({"reason": "max_output_tokens"}),
+            );
+        }
+        _ => {}
     }
     r.insert("output".into(), Value::Array(output));
     r.insert("usage".into(), usage);
@@ -486,6 +564,8 @@ struct ResponsesShape {
     /// The items done, in order.
     done: Vec<Value>,
     output: ChatOutput,
+    /// The namespace of each namespaced function ([`tool_namespaces`]).
+    namespaces: HashMap<String, String>,
 }
 
 impl ResponsesShape {
@@ -560,7 +640,12 @@ impl ResponsesShape {
                     json!({
                     "item_id": id, "output_index": oi, "arguments": arguments}),
                 ));
-                call_item(&id, &call_id, &name, &arguments, "completed")
+                call_item(
+                    &id,
+                    (&call_id, &name, &arguments),
+                    "completed",
+                    &self.namespaces,
+                )
             }
         };
         out.push(self.ev(
@@ -642,7 +727,8 @@ impl ResponsesShape {
                     "response.output_item.added",
                     json!({
                     "output_index": self.output_index(),
-                    "item": call_item(&id, &call_id, &name, "", "in_progress")}),
+                    "item": call_item(&id, (&call_id, &name, ""), "in_progress",
+                        &self.namespaces)}),
                 ));
                 self.open = Some(Open::Call {
                     index,
@@ -727,21 +813,17 @@ impl StreamShape for ResponsesShape {
         sse_events(out)
     }
 
-    fn done(&mut self, _st: &AppState, out: &SeqOutput, _per_token: bool) -> Vec<SseEvent> {
+    fn done(&mut self, st: &AppState, out: &SeqOutput, _per_token: bool) -> Vec<SseEvent> {
         let mut evs = Vec::new();
         self.create(&mut evs);
         for d in self.output.finish() {
             self.delta(d, &mut evs);
         }
         self.close(&mut evs);
-        let r = response_json(
-            &self.id,
-            &self.echo,
-            "completed",
-            self.done.clone(),
-            usage_json(out),
-        );
-        let mut fin = self.ev("response.completed", json!({"response": r}));
+        let status = status_of(out);
+        let usage = usage_json(st, out, &self.output.message().reasoning);
+        let r = response_json(&self.id, &self.echo, status, self.done.clone(), usage);
+        let mut fin = self.ev(&format!("response.{status}"), json!({"response": r}));
         add_timings(&mut fin, out);
         evs.push(fin);
         sse_events(evs)
@@ -779,6 +861,7 @@ async fn responses_inner(
     let model = f.str("model")?.unwrap_or(&st.cfg.model_id).to_string();
     let id = item_id("resp");
     let echo = echo(&body, &model, unix_now());
+    let namespaces = tool_namespaces(&body);
     let tasks = tasks(vec![prompt], &g);
     if g.stream {
         let runs = start_streams(&st, &tasks, x).await?;
@@ -793,6 +876,7 @@ async fn responses_inner(
                     open: None,
                     done: Vec::new(),
                     output: ChatOutput::new(out_cfg.clone()),
+                    namespaces: namespaces.clone(),
                 });
                 (r, shape)
             })
@@ -803,15 +887,10 @@ async fn responses_inner(
     let Some((out, _)) = results.first() else {
         return Err(ApiError::server("the engine returned no result"));
     };
-    let items = output_items(&ChatOutput::parse(out_cfg, &out.text));
-    Ok(Json(response_json(
-        &id,
-        &echo,
-        "completed",
-        items,
-        usage_json(out),
-    ))
-    .into_response())
+    let message = ChatOutput::parse(out_cfg, &out.text);
+    let usage = usage_json(&st, out, &message.reasoning);
+    let items = output_items(&message, &namespaces);
+    Ok(Json(response_json(&id, &echo, status_of(out), items, usage)).into_response())
 }
 
 /// `POST /v1/responses/input_tokens`: the number of input tokens a Responses request would
@@ -845,6 +924,7 @@ mod tests {
             open: None,
             done: Vec::new(),
             output: ChatOutput::new(OutputConfig::default()),
+            namespaces: HashMap::new(),
         };
         let mut out = Vec::new();
         s.create(&mut out);
@@ -918,14 +998,42 @@ mod tests {
                 arguments: "{}".into(),
             }],
         };
-        let items = output_items(&m);
+        let items = output_items(&m, &HashMap::new());
         let types: Vec<&str> = items.iter().map(|i| i["type"].as_str().unwrap()).collect();
         assert_eq!(types, ["reasoning", "function_call"]);
         assert_eq!(items[0]["content"][0]["text"], "r");
         assert!(items[1]["id"].as_str().unwrap().starts_with("fc_"));
         // An empty answer is still one (empty) message.
-        let items = output_items(&AssistantMessage::default());
+        let items = output_items(&AssistantMessage::default(), &HashMap::new());
         assert_eq!(items[0]["type"], "message");
+    }
+
+    #[test]
+    fn namespace_and_hosted_tools_as_codex_sends_them() {
+        let f = |name: &str| json!({"type": "function", "name": name, "strict": false,
+            "parameters": {"type": "object", "properties": {}}});
+        let body = json!({"input": "hi", "tools": [
+            f("exec_command"),
+            {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+             "tools": [f("close_agent"), f("spawn_agent")]},
+            {"type": "web_search", "external_web_access": false}]});
+        let chat = to_chat(&body).unwrap();
+        let names: Vec<_> = chat["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].clone())
+            .collect();
+        assert_eq!(names, [json!("exec_command"), json!("close_agent"), json!("spawn_agent")]);
+        let ns = tool_namespaces(&body);
+        let call = call_item("fc_1", ("c", "close_agent", "{}"), "completed", &ns);
+        assert_eq!(call["namespace"], "multi_agent_v1");
+        let call = call_item("fc_2", ("c", "exec_command", "{}"), "completed", &ns);
+        assert!(call.get("namespace").is_none());
+        // A forced hosted tool cannot be honoured.
+        let forced = json!({"input": "hi", "tools": [{"type": "web_search"}],
+            "tool_choice": {"type": "web_search"}});
+        assert!(to_chat(&forced).is_err());
     }
 
     #[test]

@@ -242,11 +242,17 @@ impl PromptReuse {
         saved
     }
 
-    /// With reuse on a hybrid model: checkpoints `seq`'s recurrent state at the end of the
-    /// prompt just processed, so a later prompt that shares it but not what was generated after
-    /// it can restart there. Keeps the newest `max_checkpoints` per sequence.
+    /// Whether prompt checkpoints are taken: reuse on, a hybrid model, `--ctx-checkpoints` > 0.
+    pub fn checkpoints_on(&self, mem: &Memory) -> bool {
+        self.keep && self.max_checkpoints > 0 && mem.layout().is_hybrid()
+    }
+
+    /// With reuse on a hybrid model: checkpoints `seq`'s recurrent state where its prompt has
+    /// been processed to (the prompt's end, or a mark the request named: a message boundary),
+    /// so a later prompt that shares that much but not what follows can restart there. Keeps
+    /// the newest `max_checkpoints` per sequence.
     pub fn checkpoint_prompt(&mut self, mem: &mut Memory, seq: SeqId) {
-        if !self.keep || self.max_checkpoints == 0 || !mem.layout().is_hybrid() {
+        if !self.checkpoints_on(mem) {
             return;
         }
         let pos = mem.n_past(seq);
