@@ -212,22 +212,40 @@ pub async fn tokenize(
 /// millions of tokens, and a `serde_json::Value` per token (an object per token with
 /// `with_pieces`) would hold many times the text in memory.
 fn tokenize_body(st: &AppState, f: &Fields) -> Result<Vec<u8>, ApiError> {
-    let content = f
-        .str("content")?
-        .ok_or_else(|| ApiError::invalid("'content' is required").with("param", "content"))?;
-    let add_special = f.bool("add_special")?.unwrap_or(false);
+    // llama-server's fields, and vLLM's (`prompt`, `add_special_tokens`, `return_token_strs`;
+    // its answer adds `count`, `max_model_len` and `token_strs`).
+    let vllm = f.get("prompt").is_some();
+    let content = match (f.str("content")?, f.str("prompt")?) {
+        (Some(c), _) | (None, Some(c)) => c,
+        (None, None) => {
+            return Err(ApiError::invalid("'content' is required").with("param", "content"))
+        }
+    };
+    let add_special = match f.bool("add_special")? {
+        Some(b) => b,
+        // vLLM adds them unless told not to; llama-server does not.
+        None => f.bool("add_special_tokens")?.unwrap_or(vllm),
+    };
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
     let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
     let tok = st.model.tokenizer();
     let ids = tok
         .encode(content, add_special, parse_special)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let token_strs = f.bool("return_token_strs")?.unwrap_or(false).then(|| {
+        ids.iter()
+            .map(|&id| tok.token_text(id).unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    });
     let out = TokenizeOut {
         tokens: Tokens {
             ids: &ids,
             tok,
             with_pieces,
         },
+        count: vllm.then_some(ids.len()),
+        max_model_len: vllm.then_some(st.cfg.n_ctx_slot),
+        token_strs,
     };
     serde_json::to_vec(&out).map_err(|e| ApiError::server(e.to_string()))
 }
@@ -235,6 +253,12 @@ fn tokenize_body(st: &AppState, f: &Fields) -> Result<Vec<u8>, ApiError> {
 #[derive(serde::Serialize)]
 struct TokenizeOut<'a> {
     tokens: Tokens<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_model_len: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_strs: Option<Vec<String>>,
 }
 
 /// Token ids, or `{"id", "piece"}` objects with `with_pieces` (a piece that is not valid UTF-8
@@ -276,7 +300,24 @@ pub async fn detokenize(
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let (_, content) = on_worker(&st, body, detokenize_body).await?;
-    Ok(Json(json!({ "content": content })))
+    // `prompt` is vLLM's name for it.
+    Ok(Json(json!({ "content": content, "prompt": content })))
+}
+
+/// `GET /tokenizer_info` (vLLM's; evaluation harnesses read it to tokenize through the server):
+/// the special tokens, the context and the chat template.
+pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Json<Value> {
+    let tok = st.model.tokenizer();
+    let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).map(str::to_string);
+    Json(json!({
+        "tokenizer_class": "specd",
+        "bos_token": text(tok.bos_id()),
+        "eos_token": text(tok.eos_id()),
+        "add_bos_token": tok.add_bos(),
+        "add_eos_token": tok.add_eos(),
+        "model_max_length": st.cfg.n_ctx_slot,
+        "chat_template": tok.chat_template(),
+    }))
 }
 
 fn detokenize_body(st: &AppState, f: &Fields) -> Result<String, ApiError> {

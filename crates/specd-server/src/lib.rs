@@ -425,6 +425,7 @@ fn get_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
         ("/models", get(api::models)),
         ("/v1/models", get(api::models)),
         ("/props", get(api::props)),
+        ("/tokenizer_info", get(api::tokenizer_info)),
         ("/slots", get(api::slots)),
         ("/metrics", get(metrics::metrics)),
         // What SGLang's model gateway reads from a worker (see `sglang.rs`).

@@ -498,7 +498,10 @@ impl Engine {
     /// Prompt scoring: the log-probability of the token after each decoded prompt row of a
     /// scored sequence (rows carry logits only for those), from the first `n_rows` rows.
     fn score_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput, n_rows: usize) {
-        for (r, row) in batch.rows[..n_rows.min(batch.rows.len())].iter().enumerate() {
+        for (r, row) in batch.rows[..n_rows.min(batch.rows.len())]
+            .iter()
+            .enumerate()
+        {
             if !row.logits {
                 continue;
             }

@@ -44,7 +44,9 @@ fn engine(reuse: bool) -> Engine {
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 7 + 3 + salt) % 200 + 5).collect()
+    (0..n as u32)
+        .map(|i| (i * 7 + 3 + salt) % 200 + 5)
+        .collect()
 }
 
 fn run(e: &mut Engine, p: &[u32], marks: &[usize]) -> SeqOutput {

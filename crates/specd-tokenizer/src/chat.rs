@@ -126,6 +126,16 @@ pub const MARK_SPACING: usize = 16 << 10;
 /// Spaced marks per render (each costs a render of a prefix of the conversation).
 const MAX_SPACED_MARKS: usize = 3;
 
+/// Bytes two texts share at their start, if they part before either ends (and after their
+/// first character).
+fn common_prefix(a: &str, b: &str) -> Option<usize> {
+    a.char_indices()
+        .zip(b.chars())
+        .find(|((_, x), y)| x != y)
+        .map(|((i, _), _)| i)
+        .filter(|&i| i > 0)
+}
+
 /// The inputs of one render.
 #[derive(Debug, Clone, Default)]
 pub struct ChatInputs<'a> {
@@ -233,7 +243,8 @@ impl ChatTemplate {
     /// same conversation is likely to part from this one — worth a recurrent-state checkpoint
     /// on a hybrid model (`docs/prompt-cache.md`). They are the ends of message prefixes whose
     /// own render starts the full one: all messages (the start of the generation prompt: the
-    /// next turn re-renders the answer, often differently, e.g. without its thinking), through
+    /// next turn re-renders the answer, often differently, e.g. without its thinking), the
+    /// generation prompt as far as a plain answer's opening shares it, through
     /// the last user message (thinking templates drop the reasoning of the turns after it once
     /// a new user message comes), the leading system messages (a shared system prompt and
     /// tools), and in a long conversation a few more message ends, spaced by
@@ -272,21 +283,31 @@ impl ChatTemplate {
             .filter(|head| head.len() < full.len() && full.starts_with(head.as_str()))
             .map(|head| head.len())
             .collect::<std::collections::BTreeSet<_>>();
+        // The generation prompt as far as the next turn's re-rendered answer will share it
+        // (`<|im_start|>assistant\n`): where a probe answer's text starts.
+        if add_generation_prompt && !messages.is_empty() {
+            let mut probe = messages.to_vec();
+            probe.push(ChatMessage::new("assistant", "\u{1}"));
+            if let Some(c) = self
+                .render(&probe, false, extra)
+                .ok()
+                .and_then(|p| common_prefix(&p, &full))
+            {
+                marks.insert(c);
+            }
+        }
         // Templates that refuse a conversation of system messages alone (Qwen3.5: "No user
         // query found"): the system prompt then ends where a probe user message's text starts
         // — the text any conversation with this system prompt and tools shares.
         if lead > 0 && lead < messages.len() {
             let mut probe = messages[..lead].to_vec();
             probe.push(ChatMessage::new("user", "\u{1}"));
-            if let Ok(p) = self.render(&probe, false, extra) {
-                let common = p
-                    .char_indices()
-                    .zip(full.chars())
-                    .find(|((_, a), b)| a != b)
-                    .map(|((i, _), _)| i);
-                if let Some(c) = common.filter(|&c| c > 0) {
-                    marks.insert(c);
-                }
+            if let Some(c) = self
+                .render(&probe, false, extra)
+                .ok()
+                .and_then(|p| common_prefix(&p, &full))
+            {
+                marks.insert(c);
             }
         }
         Ok((full, marks.into_iter().collect()))

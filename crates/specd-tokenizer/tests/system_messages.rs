@@ -54,7 +54,9 @@ fn qwen_templates_take_system_messages_anywhere() {
 fn a_template_that_takes_them_gets_them_as_sent() {
     let t = ChatTemplate::new(CHATML_TEMPLATE).expect("compiles");
     assert!(t.caps().system_anywhere);
-    let out = t.render(&conversation(), true, &Map::new()).expect("renders");
+    let out = t
+        .render(&conversation(), true, &Map::new())
+        .expect("renders");
     assert_eq!(out.matches("<|im_start|>system").count(), 3, "{out}");
 }
 
@@ -69,7 +71,9 @@ fn marks_fall_where_the_next_turn_parts() {
     let (turn1, marks) = t.render_marked(&msgs, true, &Map::new()).expect("renders");
     // Marks: after the leading system messages, and at the end of the last (user) message —
     // before the generation prompt.
-    let gen_start = turn1.rfind("<|im_start|>assistant\n").expect("generation prompt");
+    let gen_start = turn1
+        .rfind("<|im_start|>assistant\n")
+        .expect("generation prompt");
     assert!(marks.contains(&gen_start), "{marks:?} {gen_start}");
     // The system prompt's end: where any conversation's first user message starts (Qwen3.5
     // refuses to render the system messages alone, so the mark is the common start of a user

@@ -367,19 +367,18 @@ pub(crate) fn to_chat(body: &Value) -> Result<Value, ApiError> {
     // (llama-server leaves the template's default, on for Qwen3.5). A forced tool call
     // (`any` / `tool`) starts without thinking, as Anthropic's API requires, so the call comes
     // at once instead of after a thinking block that may not end in time.
-    let on = match b.get("thinking").filter(|v| !v.is_null()) {
-        None => false,
-        Some(t) => match t.get("type").and_then(Value::as_str) {
-            // `adaptive` and `between_tools` leave when to think to the model: thinking is on.
-            Some("enabled" | "adaptive" | "between_tools") => true,
-            Some("disabled") => false,
-            _ => {
-                return Err(invalid(
+    let on =
+        match b.get("thinking").filter(|v| !v.is_null()) {
+            None => false,
+            Some(t) => match t.get("type").and_then(Value::as_str) {
+                // `adaptive` and `between_tools` leave when to think to the model: thinking is on.
+                Some("enabled" | "adaptive" | "between_tools") => true,
+                Some("disabled") => false,
+                _ => return Err(invalid(
                     "'thinking.type' must be 'enabled', 'adaptive', 'between_tools' or 'disabled'",
-                ))
-            }
-        },
-    };
+                )),
+            },
+        };
     let forced = matches!(
         b.get("tool_choice")
             .and_then(|tc| tc.get("type"))
@@ -846,24 +845,35 @@ mod tests {
         // The absent budget is llama-server's; absent thinking is off (Anthropic's default).
         let chat = to_chat(&json!({"messages": hi})).unwrap();
         assert_eq!(chat["max_tokens"], 4096);
-        assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": false}));
+        assert_eq!(
+            chat["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
         // A forced call starts without thinking; the request's own kwargs still win.
         for tc in [json!({"type": "any"}), json!({"type": "tool", "name": "f"})] {
             let chat = to_chat(&json!({"messages": hi, "tool_choice": tc,
                 "thinking": {"type": "enabled", "budget_tokens": 2000}}))
             .unwrap();
-            assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": false}));
+            assert_eq!(
+                chat["chat_template_kwargs"],
+                json!({"enable_thinking": false})
+            );
             assert!(chat.get("thinking_budget_tokens").is_none());
         }
         let chat = to_chat(&json!({"messages": hi,
             "chat_template_kwargs": {"enable_thinking": true}}))
         .unwrap();
-        assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": true}));
+        assert_eq!(
+            chat["chat_template_kwargs"],
+            json!({"enable_thinking": true})
+        );
         // System messages inside `messages` (Claude Code's) stay in their place.
-        let chat = to_chat(&json!({"system": [{"type": "text", "text": "s"}], "messages": [
+        let chat = to_chat(
+            &json!({"system": [{"type": "text", "text": "s"}], "messages": [
             {"role": "user", "content": "hi"},
             {"role": "system", "content": [{"type": "text", "text": "later"}]},
-            {"role": "user", "content": "again"}]}))
+            {"role": "user", "content": "again"}]}),
+        )
         .unwrap();
         assert_eq!(
             chat["messages"],

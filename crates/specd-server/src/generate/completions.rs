@@ -27,7 +27,13 @@ pub(crate) fn completion_logprobs(
     mut offset: usize,
 ) -> Value {
     // JSON has no -inf: the lowest float, as llama-server writes it.
-    let finite = |lp: f32| if lp == f32::NEG_INFINITY { f32::MIN } else { lp };
+    let finite = |lp: f32| {
+        if lp == f32::NEG_INFINITY {
+            f32::MIN
+        } else {
+            lp
+        }
+    };
     let mut texts = Vec::with_capacity(tokens.len());
     let mut logprobs = Vec::with_capacity(tokens.len());
     let mut tops = Vec::with_capacity(tokens.len());
@@ -178,10 +184,10 @@ fn scoring_params(f: &Fields, g: &mut GenParams) -> Result<(), ApiError> {
         Some(v) => match v.as_u64() {
             Some(n) if n <= 20 => Some(n as usize),
             _ => {
-                return Err(ApiError::invalid(
-                    "'logprobs' must be an integer from 0 to 20",
+                return Err(
+                    ApiError::invalid("'logprobs' must be an integer from 0 to 20")
+                        .with("param", "logprobs"),
                 )
-                .with("param", "logprobs"))
             }
         },
     };

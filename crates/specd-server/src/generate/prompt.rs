@@ -204,24 +204,23 @@ fn render_chat_marked(
 fn byte_marks_to_positions(st: &AppState, text: &str, ids: &[u32], marks: &[usize]) -> Vec<usize> {
     let tok = st.model.tokenizer();
     let text = text.as_bytes();
+    let piece = |id: u32| tok.piece(id, true).unwrap_or_default();
     // A BOS the tokenizer added is not in the text.
     let skip = match (ids.first(), tok.bos_id()) {
-        (Some(&first), Some(b)) if first == b && !text.starts_with(tok.token_to_bytes(b)) => 1,
+        (Some(&first), Some(b)) if first == b && !text.starts_with(&piece(b)) => 1,
         _ => 0,
     };
     let mut out = Vec::with_capacity(marks.len());
     let mut at = 0;
     let mut next = marks.iter().copied().peekable();
     for (i, &id) in ids.iter().enumerate().skip(skip) {
-        while next.peek().is_some_and(|&m| m < at + tok.token_to_bytes(id).len()) {
-            if let Some(m) = next.next() {
-                if m >= at && i > 0 {
-                    out.push(i);
-                }
+        let piece = piece(id);
+        while let Some(m) = next.next_if(|&m| m < at + piece.len()) {
+            if m >= at && i > 0 {
+                out.push(i);
             }
         }
-        let piece = tok.token_to_bytes(id);
-        if text.get(at..at + piece.len()) != Some(piece) {
+        if text.get(at..at + piece.len()) != Some(&piece[..]) {
             return Vec::new();
         }
         at += piece.len();

@@ -239,7 +239,10 @@ fn convert_tools(tools: &Value) -> Result<Value, ApiError> {
                 }
             }
             Some(hosted) => {
-                tracing::warn!(tool = hosted, "Responses: hosted tool not offered to the model (specd cannot run it)");
+                tracing::warn!(
+                    tool = hosted,
+                    "Responses: hosted tool not offered to the model (specd cannot run it)"
+                );
             }
             None => return Err(invalid("tools: each tool needs a 'type'")),
         }
@@ -1010,8 +1013,10 @@ mod tests {
 
     #[test]
     fn namespace_and_hosted_tools_as_codex_sends_them() {
-        let f = |name: &str| json!({"type": "function", "name": name, "strict": false,
-            "parameters": {"type": "object", "properties": {}}});
+        let f = |name: &str| {
+            json!({"type": "function", "name": name, "strict": false,
+            "parameters": {"type": "object", "properties": {}}})
+        };
         let body = json!({"input": "hi", "tools": [
             f("exec_command"),
             {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
@@ -1024,7 +1029,14 @@ mod tests {
             .iter()
             .map(|t| t["function"]["name"].clone())
             .collect();
-        assert_eq!(names, [json!("exec_command"), json!("close_agent"), json!("spawn_agent")]);
+        assert_eq!(
+            names,
+            [
+                json!("exec_command"),
+                json!("close_agent"),
+                json!("spawn_agent")
+            ]
+        );
         let ns = tool_namespaces(&body);
         let call = call_item("fc_1", ("c", "close_agent", "{}"), "completed", &ns);
         assert_eq!(call["namespace"], "multi_agent_v1");
