@@ -272,7 +272,7 @@ fn messages_errors_in_anthropic_shape() {
         "invalid_request_error",
     );
     anthropic_error(
-        &post(json!({"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]})),
+        &post(json!({"max_tokens": 4, "messages": [{"role": "tool", "content": "x"}]})),
         400,
         "invalid_request_error",
     );
@@ -328,7 +328,12 @@ fn responses_answer_is_the_chat_answer() {
         "{v}"
     );
     assert_eq!(v["object"], "response");
-    assert_eq!(v["status"], "completed");
+    // Cut by max_output_tokens, as OpenAI reports it.
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(
+        v["incomplete_details"],
+        json!({"reason": "max_output_tokens"})
+    );
     assert_eq!(v["model"], "m");
     assert_eq!(v["instructions"], SYSTEM);
     assert_eq!(v["max_output_tokens"], 12);
@@ -423,7 +428,7 @@ fn responses_stream_event_sequence() {
             "response.output_text.done",
             "response.content_part.done",
             "response.output_item.done",
-            "response.completed"
+            "response.incomplete"
         ]
     );
     for (i, (_, d)) in evs.iter().enumerate() {
@@ -453,7 +458,7 @@ fn responses_stream_event_sequence() {
     assert_eq!(evs[n - 2].1["item"]["status"], "completed");
     let done = &evs[n - 1].1;
     assert_eq!(done["response"]["id"], id.as_str());
-    assert_eq!(done["response"]["status"], "completed");
+    assert_eq!(done["response"]["status"], "incomplete");
     assert_eq!(done["response"]["output"][0], evs[n - 2].1["item"]);
     assert_eq!(done["response"]["usage"]["output_tokens"], 12);
     assert!(done["timings"]["predicted_per_second"].is_number());
@@ -496,7 +501,8 @@ fn responses_errors() {
     assert_error(
         &s.post(
             "/v1/responses",
-            &json!({"input": "x", "tools": [{"type": "web_search"}]}),
+            &json!({"input": "x", "tools": [{"type": "web_search"}],
+                "tool_choice": {"type": "web_search"}}),
         ),
         400,
         "invalid_request_error",
@@ -612,7 +618,7 @@ fn openai_responses_client() {
         .map(|e| e.as_str().unwrap())
         .collect();
     assert_eq!(events[0], "response.created");
-    assert_eq!(events[events.len() - 1], "response.completed");
+    assert_eq!(events[events.len() - 1], "response.incomplete");
     assert_eq!(r["count"], chat_count(&s, &chat_body(12)));
     assert!(r["tool_count"].as_u64().unwrap() > 0);
     assert_eq!(r["error_type"], "invalid_request_error");

@@ -187,8 +187,10 @@ fn logit_bias_on_the_openai_endpoints_and_under_speculation() {
         &json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 1,
                 "logit_bias": [[banned[0], false]]}),
     );
-    for e in v["choices"][0]["logprobs"]["content"].as_array().unwrap() {
-        assert_ne!(e["id"], banned[0]);
+    // OpenAI's completions format names tokens by their text.
+    let banned_text = s.ok("/detokenize", &json!({ "tokens": [banned[0]] }))["content"].clone();
+    for t in v["choices"][0]["logprobs"]["tokens"].as_array().unwrap() {
+        assert_ne!(t, &banned_text);
     }
 
     // The bias shapes the target's distribution at verification: speculative output is the
@@ -344,18 +346,24 @@ fn probability_shapes() {
         "top_logprobs requires logprobs to be set to true"
     );
 
-    // OpenAI completions: llama-server's `{"content": [...]}`, not OpenAI's legacy arrays.
+    // OpenAI completions: OpenAI's (and vLLM's) arrays, not the chat shape llama-server uses:
+    // per token its text, log-probability, the top ones by text (the token's own included)
+    // and its character offset.
     let v = s.ok(
         "/v1/completions",
         &json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "logprobs": 2}),
     );
     let lp = &v["choices"][0]["logprobs"];
-    assert_eq!(keys(lp), set(&["content"]));
-    assert_eq!(keys(&lp["content"][0]), entry_keys);
     assert_eq!(
-        lp["content"][0]["top_logprobs"].as_array().unwrap().len(),
-        2
+        keys(lp),
+        set(&["tokens", "token_logprobs", "top_logprobs", "text_offset"])
     );
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 2);
+    let top = lp["top_logprobs"][0].as_object().unwrap();
+    assert!((2..=3).contains(&top.len()), "{top:?}");
+    let first = lp["tokens"][0].as_str().unwrap();
+    assert_eq!(top[first], lp["token_logprobs"][0]);
+    assert_eq!(lp["text_offset"][0], 0);
     let v = s.ok(
         "/v1/completions",
         &json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0}),

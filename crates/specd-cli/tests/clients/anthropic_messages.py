@@ -88,9 +88,9 @@ report["count"] = client.messages.count_tokens(
 # A bad request comes back as the client's typed error with Anthropic's error body.
 try:
     client.messages.create(
-        model="specd", max_tokens=4, messages=[{"role": "system", "content": "x"}]
+        model="specd", max_tokens=4, messages=[{"role": "tool", "content": "x"}]
     )
-    raise AssertionError("a system-role message was accepted")
+    raise AssertionError("a tool-role message was accepted")
 except anthropic.BadRequestError as e:
     assert e.status_code == 400, e
     assert e.body["type"] == "error", e.body
