@@ -195,15 +195,14 @@ fn set_text(m: &mut Json, text: String, only_typed: bool) {
 }
 
 /// System messages (and `developer` ones, which are system messages by now) wherever a client
-/// puts them, brought to where the template takes them (`docs/chat-messages.md`):
-/// * the leading run is merged into one system message (texts joined by a blank line): templates
-///   take one leading system message, and the merged text stays a stable prefix;
-/// * a later one stays where it is if the template takes system messages there; otherwise it
-///   becomes a user message in the same place (moving it into the leading system message would
-///   change the prompt's prefix each time one appears, and with it all prompt reuse), merged
-///   into the user message next to it for templates that refuse two user messages in a row.
-///
-/// A template that takes system messages anywhere gets them as sent (as llama-server sends them).
+/// puts them, brought to where the template takes them (`docs/chat-messages.md`). A template
+/// that takes system messages anywhere gets them as sent (as llama-server sends them). For one
+/// that takes only a leading system message (Qwen3.5):
+/// * the leading run is merged into one system message (texts joined by a blank line);
+/// * each later one becomes a user message in the same place (moving it into the leading system
+///   message would change the prompt's prefix each time one appears, and with it all prompt
+///   reuse), merged into the user message next to it for templates that refuse two user
+///   messages in a row.
 fn fold_system(out: &mut Vec<Json>, caps: &TemplateCaps, only_typed: bool) {
     if caps.system_anywhere {
         return;
