@@ -283,32 +283,24 @@ impl ChatTemplate {
             .filter(|head| head.len() < full.len() && full.starts_with(head.as_str()))
             .map(|head| head.len())
             .collect::<std::collections::BTreeSet<_>>();
-        // The generation prompt as far as the next turn's re-rendered answer will share it
-        // (`<|im_start|>assistant\n`): where a probe answer's text starts.
-        if add_generation_prompt && !messages.is_empty() {
-            let mut probe = messages.to_vec();
-            probe.push(ChatMessage::new("assistant", "\u{1}"));
-            if let Some(c) = self
-                .render(&probe, false, extra)
+        // Where a probe message of `role` after `head` starts its text: the text every
+        // continuation of `head` with such a message shares with this prompt.
+        let probe_mark = |head: &[ChatMessage], role: &str| {
+            let mut probe = head.to_vec();
+            probe.push(ChatMessage::new(role, "\u{1}"));
+            self.render(&probe, false, extra)
                 .ok()
                 .and_then(|p| common_prefix(&p, &full))
-            {
-                marks.insert(c);
-            }
+        };
+        // The generation prompt as far as the next turn's re-rendered answer will share it
+        // (`<|im_start|>assistant\n`).
+        if add_generation_prompt && !messages.is_empty() {
+            marks.extend(probe_mark(messages, "assistant"));
         }
         // Templates that refuse a conversation of system messages alone (Qwen3.5: "No user
-        // query found"): the system prompt then ends where a probe user message's text starts
-        // — the text any conversation with this system prompt and tools shares.
+        // query found"): the system prompt then ends where a user message's text starts.
         if lead > 0 && lead < messages.len() {
-            let mut probe = messages[..lead].to_vec();
-            probe.push(ChatMessage::new("user", "\u{1}"));
-            if let Some(c) = self
-                .render(&probe, false, extra)
-                .ok()
-                .and_then(|p| common_prefix(&p, &full))
-            {
-                marks.insert(c);
-            }
+            marks.extend(probe_mark(&messages[..lead], "user"));
         }
         Ok((full, marks.into_iter().collect()))
     }
