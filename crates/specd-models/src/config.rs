@@ -1,5 +1,5 @@
 //! Hyper-parameters every architecture shares, read from GGUF metadata the way llama.cpp reads
-//! them (see shared/docs/qwen35.md §1). Each architecture reads its own on top of these (its
+//! them (see docs/qwen35.md §1). Each architecture reads its own on top of these (its
 //! module under [`crate::arch`]).
 
 use crate::ModelError;

@@ -426,7 +426,7 @@ impl Model {
         Ok(Memory::new(layout, cfg))
     }
 
-    /// Runs the MTP head over rows of one sequence (qwen35.md §3.7): row `i` is token
+    /// Runs the MTP head over rows of one sequence (docs/qwen35.md §3.7): row `i` is token
     /// `tokens[i]` at position `pos0 + i`, paired with the hidden state `h_prev[i]` of the
     /// position before it (the target's, or the head's own output when drafting recursively).
     /// Returns the head's normed output for every row (`n × n_embd`) and the logits of the last

@@ -11,7 +11,7 @@
 //! The matmul kernels are written by hand (not taken from candle) because they must (a) read the
 //! quantised weights once for all rows of a small batch, so a verification batch costs about one
 //! plain step, and (b) keep the reduction order fixed across batch shapes. See
-//! `shared/docs/speculative.md` §8.
+//! `docs/speculative.md` §8.
 
 /// `$kernel::<$fmt, R>(args)` with the tile height `R = $t`, one of `$heights`, or `$last` for
 /// any other value. The SIMD kernels take their number of activation rows as a constant, so that

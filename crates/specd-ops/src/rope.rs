@@ -9,7 +9,7 @@ pub enum RopeMode {
     /// Pairs (m, m + n_rot/2) — NEOX (Qwen2/3, Qwen3-Next).
     Neox,
     /// NEOX pairing; pair m rotates only if its section takes the text position (see
-    /// qwen35.md §3.4: for text tokens the 4th section's position is 0, i.e. no rotation).
+    /// docs/qwen35.md §3.4: for text tokens the 4th section's position is 0, i.e. no rotation).
     IMrope { sections: [u32; 4] },
 }
 

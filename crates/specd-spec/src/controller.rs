@@ -1,4 +1,4 @@
-//! The "never slower" controller (speculative.md §5).
+//! The "never slower" controller (docs/speculative.md §5).
 //!
 //! Per sequence it keeps an estimate of the probability that draft position i is accepted given
 //! that all before it were (an exponential moving average), and it shares with all sequences a

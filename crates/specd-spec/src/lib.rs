@@ -1,11 +1,11 @@
 //! Generation with exact speculative decoding. Knows nothing about HTTP.
 //!
-//! One *round* per sequence (speculative.md §1): a [`drafter`] proposes tokens, the target model
-//! verifies `[last, d1..dn]` in one batch (rows of all active sequences share one decode batch),
-//! the target's own sampler walks the rows and keeps the longest matching prefix plus one token of
-//! its own, everything the rejected tokens touched is rolled back ([`rollback`]), and the drafter
-//! hears how many were accepted. Plain decoding is the same loop with empty drafts, so both paths
-//! share every line that could make their outputs differ. Opt-in probabilistic verification
+//! One *round* per sequence (docs/speculative.md §1): a [`drafter`] proposes tokens, the target
+//! model verifies `[last, d1..dn]` in one batch (rows of all active sequences share one decode
+//! batch), the target's own sampler walks the rows and keeps the longest matching prefix plus one
+//! token of its own, everything the rejected tokens touched is rolled back ([`rollback`]), and the
+//! drafter hears how many were accepted. Plain decoding is the same loop with empty drafts, so both
+//! paths share every line that could make their outputs differ. Opt-in probabilistic verification
 //! ([`params::VerifyKind::Probabilistic`]) replaces the matching by rejection sampling for the
 //! model drafters: same output distribution, not the same tokens.
 //!
@@ -13,7 +13,7 @@
 //! * [`controller`]: picks each round's draft length for the best expected tokens per second
 //!   (zero included) — speculation must never make generation slower.
 //! * [`reuse`]: prompt reuse across requests and the prompt cache in RAM.
-//! * [`stats`]: per-sequence statistics (speculative.md §7).
+//! * [`stats`]: per-sequence statistics (docs/speculative.md §7).
 
 pub mod controller;
 pub mod drafter;

@@ -1,4 +1,4 @@
-//! Per-sequence speculation statistics (speculative.md §7).
+//! Per-sequence speculation statistics (docs/speculative.md §7).
 
 use serde::Serialize;
 

@@ -1,4 +1,4 @@
-//! Edge cases of speculative rounds (speculative.md §6) and the no-leak property.
+//! Edge cases of speculative rounds (docs/speculative.md §6) and the no-leak property.
 
 use specd_memory::MemoryConfig;
 use specd_models::{Model, ModelOptions};

@@ -5,10 +5,10 @@
 //! compared on the same file), random weights from a seeded generator, and a real byte-level BPE
 //! tokenizer trained on text this crate carries (`corpus/`).
 //!
-//! Two weight styles, chosen on purpose (qwen35.md §8): [`WeightStyle::Varied`] (small embeddings,
-//! untied random LM head → varied continuations with small top-1 margins, a sharp numerical test
-//! and real draft rejections) and [`WeightStyle::Repetitive`] (large tied embeddings → greedy output
-//! that loops, which n-gram drafters love).
+//! Two weight styles, chosen on purpose (docs/qwen35.md §8): [`WeightStyle::Varied`] (small
+//! embeddings, untied random LM head → varied continuations with small top-1 margins, a sharp
+//! numerical test and real draft rejections) and [`WeightStyle::Repetitive`] (large tied embeddings
+//! → greedy output that loops, which n-gram drafters love).
 
 pub mod mix;
 mod presets;

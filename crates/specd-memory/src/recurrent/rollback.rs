@@ -1,6 +1,6 @@
 //! Rolling recurrent state back by the last `n` tokens of a batch **without running the model**.
 //!
-//! Two mechanisms (speculative.md §4), selectable so they can be measured against each other:
+//! Two mechanisms (docs/speculative.md §4), selectable so they can be measured against each other:
 //!
 //! * [`RollbackMode::Replay`] (default): the batch cached, per token and layer, the inputs of the
 //!   recurrence (conv inputs; q, k, v, decay, beta). Rolling back to `keep` tokens re-runs only the

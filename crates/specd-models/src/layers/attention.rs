@@ -1,5 +1,5 @@
 //! Self-attention: the Llama/Qwen3 form and Qwen3.5's gated form (q_proj emits per head a query
-//! and a sigmoid output gate, interleaved; qwen35.md §3.4).
+//! and a sigmoid output gate, interleaved; docs/qwen35.md §3.4).
 
 use super::{gather, scatter, SeqRows};
 use crate::weights::Loader;

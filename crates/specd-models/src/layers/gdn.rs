@@ -1,4 +1,4 @@
-//! Gated DeltaNet layer (qwen35.md §3.5): the input projections (per architecture, see
+//! Gated DeltaNet layer (docs/qwen35.md §3.5): the input projections (per architecture, see
 //! [`GdnInput`]), the conv + recurrence in the sequence memory (which records what a rollback
 //! needs), then the gated RMSNorm and output projection.
 

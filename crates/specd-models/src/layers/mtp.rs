@@ -1,4 +1,4 @@
-//! The multi-token-prediction (NextN) head of Qwen3.5 files (qwen35.md §3.7). Loaded with the
+//! The multi-token-prediction (NextN) head of Qwen3.5 files (docs/qwen35.md §3.7). Loaded with the
 //! model; run only by the MTP drafter, never in the main pass. It keeps its own one-layer KV
 //! cache in a separate [`Memory`]. Its FFN is the architecture's: dense in qwen35, a MoE FFN
 //! (router, experts, gated shared expert) in qwen35moe and qwen3next.

@@ -339,8 +339,9 @@ pub struct GdnGates<'a> {
 }
 
 /// Builds the recurrence inputs from the conv output (`T × conv_dim`, after SiLU, ordered
-/// `[q | k | v]`) and the `alpha`/`beta` projections (`T × n_v`), per qwen35.md §3.5 steps 3–5:
-/// L2-normalise q and k per key head, scale q by 1/√d_k, β = σ(b), γ = exp(a·softplus(α + dt)).
+/// `[q | k | v]`) and the `alpha`/`beta` projections (`T × n_v`), per docs/qwen35.md §3.5
+/// steps 3–5: L2-normalise q and k per key head, scale q by 1/√d_k, β = σ(b),
+/// γ = exp(a·softplus(α + dt)).
 pub fn prepare_inputs(
     shape: GdnShape,
     conv_out: &[f32],

@@ -1,4 +1,4 @@
-//! `draft-mtp`: the model's own multi-token-prediction (NextN) head drafts (qwen35.md §3.7).
+//! `draft-mtp`: the model's own multi-token-prediction (NextN) head drafts (docs/qwen35.md §3.7).
 //!
 //! The head is one attention block fed with a token and the hidden state of the position before
 //! it. Its KV cache mirrors the target: every row the target keeps is fed through the head

@@ -1,6 +1,6 @@
 //! The n-gram drafter family (llama.cpp's `ngram-*` names; our own implementations of the
-//! behaviours speculative.md §3 describes). They learn only from tokens of the sequence itself,
-//! which are all accepted tokens, so they never need rolling back.
+//! behaviours docs/speculative.md §3 describes). They learn only from tokens of the sequence
+//! itself, which are all accepted tokens, so they never need rolling back.
 
 use super::Drafter;
 use crate::SpecError;
