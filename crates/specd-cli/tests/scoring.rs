@@ -96,6 +96,12 @@ fn vllm_tokenizer_endpoints_as_harnesses_probe_them() {
     // lm-evaluation-harness probes these before tokenizing through the server.
     let info = s.get("/tokenizer_info").json();
     assert!(info["eos_token"].is_string(), "{info}");
+    // The template in use, as /props reports it.
+    let props = s.get("/props").json();
+    assert!(info["chat_template"]
+        .as_str()
+        .is_some_and(|t| !t.is_empty()));
+    assert_eq!(info["chat_template"], props["chat_template"]);
     let v = s.ok(
         "/tokenize",
         &json!({"prompt": "hello world", "add_special_tokens": false, "return_token_strs": true}),

@@ -316,7 +316,9 @@ pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Json<Value> {
         "add_bos_token": tok.add_bos(),
         "add_eos_token": tok.add_eos(),
         "model_max_length": st.cfg.n_ctx_slot,
-        "chat_template": tok.chat_template(),
+        // The template in use (`--chat-template` / `--chat-template-file` over the file's),
+        // as vLLM reports its `--chat-template`.
+        "chat_template": st.cfg.chat_template,
     }))
 }
 

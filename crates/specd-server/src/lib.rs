@@ -27,6 +27,7 @@ pub mod host;
 pub mod limits;
 pub mod metrics;
 pub mod params;
+mod resume;
 pub mod scheduler;
 mod scope;
 mod sglang;
@@ -159,6 +160,8 @@ pub struct AppState {
     pub limits: limits::Limits,
     /// Set when the shutdown grace period is over: running requests end with an error.
     pub cancel_all: tokio::sync::watch::Sender<bool>,
+    /// Streams detached from their connection by `X-Conversation-Id` (`resume`).
+    pub streams: resume::Streams,
 }
 
 impl AppState {
@@ -230,6 +233,7 @@ impl AppState {
                 limits::longest_token(model.tokenizer()),
             ),
             cancel_all: tokio::sync::watch::Sender::new(false),
+            streams: resume::Streams::default(),
             cfg,
             model,
         }))
@@ -480,6 +484,7 @@ fn post_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
             post(generate::messages_count_tokens),
         ),
         ("/slots/{id_slot}", post(slots::action)),
+        ("/v1/streams/lookup", post(resume::lookup)),
     ]
 }
 
@@ -500,7 +505,9 @@ pub(crate) fn api_routes(st: Arc<AppState>) -> Router {
         }
         r = r.route(&v.predict_route, post(vertex::predict));
     }
-    r.route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
+    r = r.route("/v1/stream", get(resume::read).delete(resume::stop));
+    r.route_layer(axum::middleware::from_fn_with_state(st.clone(), resume::detach))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
         .fallback(api::not_found)
         // A known path with another method: llama-server's 404, not axum's empty 405.
         .method_not_allowed_fallback(api::not_found)
