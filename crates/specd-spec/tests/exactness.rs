@@ -132,15 +132,18 @@ fn sampler(kind: usize, seed: u32) -> SamplerParams {
 
 /// Runs all requests together in one engine; returns each sequence's tokens.
 fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -> Vec<Vec<u32>> {
-    run_kv(model, reqs, rollback, KvType::F32)
+    run_kv(model, reqs, rollback, KvType::F32, false)
 }
 
-/// [`run`] with the KV cache stored as `kv` (keys and values).
+/// [`run`] with the KV cache stored as `kv` (keys and values); `reuse`: with the prompt cache
+/// on, so that the requests' checkpoint marks take effect (finished sequences then keep their
+/// memory).
 fn run_kv(
     model: &Arc<Model>,
     reqs: Vec<SequenceRequest>,
     rollback: RollbackKind,
     kv: KvType,
+    reuse: bool,
 ) -> Vec<Vec<u32>> {
     let cfg = MemoryConfig {
         n_ctx: 256,
@@ -150,6 +153,7 @@ fn run_kv(
         ..Default::default()
     };
     let mut e = Engine::new(model.clone(), cfg, rollback);
+    e.set_prompt_cache(reuse, 4);
     let n = reqs.len();
     for (i, r) in reqs.into_iter().enumerate() {
         e.add(i as u32, r).unwrap();
@@ -166,11 +170,13 @@ fn run_kv(
             }
         }
     }
-    assert_eq!(
-        e.memory().usage().kv_cells,
-        0,
-        "finished sequences keep no memory"
-    );
+    if !reuse {
+        assert_eq!(
+            e.memory().usage().kv_cells,
+            0,
+            "finished sequences keep no memory"
+        );
+    }
     out.into_values().collect()
 }
 
@@ -252,6 +258,10 @@ proptest! {
             (0u32..1100, prop_oneof![3 => -8.0f32..8.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(30.0f32)]),
             0..6,
         ),
+        // Checkpoint marks in the prompts (the chat renderer's message ends) and prompt
+        // scoring, on the speculative side only: neither may change a token.
+        marks in proptest::collection::vec(0usize..26, 0..3),
+        score in any::<bool>(),
     ) {
         let m = models();
         let model = match model_kind {
@@ -282,7 +292,7 @@ proptest! {
             })
             .collect();
         let kv = if f16_cache { KvType::F16 } else { KvType::F32 };
-        let plain = run_kv(model, base.clone(), RollbackKind::Fast, kv);
+        let plain = run_kv(model, base.clone(), RollbackKind::Fast, kv, false);
         let name = DRAFTERS[drafter];
         let mut spec = spec_for(name, n_max);
         spec.adaptive = adaptive;
@@ -297,10 +307,12 @@ proptest! {
                 r.reference = Some(Arc::new(reference));
                 r.spec = spec.clone();
                 r.draft_model = Some(m.draft.clone());
+                r.checkpoints = marks.clone();
+                r.prompt_logprobs = score.then_some(2);
                 r
             })
             .collect();
-        let specd = run_kv(model, reqs, rollback, kv);
+        let specd = run_kv(model, reqs, rollback, kv, !marks.is_empty());
         prop_assert_eq!(plain, specd, "drafter {} rollback {:?} kv {:?}", name, rollback, kv);
     }
 }

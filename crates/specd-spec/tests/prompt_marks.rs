@@ -7,38 +7,45 @@
 //! * Prompt scoring: the log-probabilities returned for a prompt equal teacher-forced decoding
 //!   (each prompt position decoded alone, its logits' log-softmax at the next prompt token),
 //!   whatever the size of the pieces the prompt is scored in.
+//! * Speculation stays exact through it: a turn that resumes from a mark and then decodes
+//!   speculatively gives the tokens a fresh engine gives without speculation (property test).
 
+use proptest::prelude::*;
 use specd_memory::MemoryConfig;
-use specd_models::{Batch, Model, ModelOptions};
-use specd_spec::{Engine, RollbackKind, SeqOutput, SequenceRequest};
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use specd_models::{Batch, Model};
+use specd_spec::{DrafterKind, Engine, RollbackKind, SeqOutput, SequenceRequest, SpecParams};
+use specd_testmodel::{Preset, TestModelSpec, WeightStyle};
 use std::sync::{Arc, OnceLock};
 
+mod common;
+
+/// A tiny Qwen3.5 with an MTP head, prompts processed in pieces of 16 rows (so marks fall
+/// inside pieces and pieces are cut at them).
 fn model() -> Arc<Model> {
     static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
         spec.style = WeightStyle::Varied;
-        let p = dir.path().join("m.gguf");
-        write_model(&spec, &p).unwrap();
-        let opts = ModelOptions {
-            n_threads: 2,
-            n_ubatch: 16,
-        };
-        (dir, Arc::new(Model::load(&p, opts).unwrap()))
+        spec.mtp = true;
+        let m = common::load_ubatch(dir.path(), "m.gguf", &spec, 16);
+        (dir, m)
     })
     .1
     .clone()
 }
 
 fn engine(reuse: bool) -> Engine {
+    engine_with(reuse, RollbackKind::Fast)
+}
+
+fn engine_with(reuse: bool, rollback: RollbackKind) -> Engine {
     let cfg = MemoryConfig {
         n_ctx: 256,
         max_seqs: 2,
         ..Default::default()
     };
-    let mut e = Engine::new(model(), cfg, RollbackKind::Fast);
+    let mut e = Engine::new(model(), cfg, rollback);
     e.set_prompt_cache(reuse, 8);
     e
 }
@@ -122,5 +129,58 @@ fn scored_prompts_match_teacher_forced_decoding() {
         );
         assert_eq!(got.top.len(), 3);
         assert!(got.top[0].1 >= got.logprob - 1e-6);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// A follow-up turn that shares the first prompt up to a mark reuses exactly that much and,
+    /// decoded speculatively with any drafter and rollback kind, gives the tokens a fresh engine
+    /// gives plainly.
+    #[test]
+    fn a_turn_resumed_from_a_mark_decodes_speculatively_as_a_fresh_one_plainly(
+        first_len in 20usize..70,
+        mark_at in 0.2f64..0.95,
+        tail_len in 1usize..30,
+        salt in 0u32..500,
+        drafter in 0usize..3,
+        rollback in 0usize..3,
+        seed in proptest::option::of(0u32..1000),
+        n_max in 1usize..6,
+    ) {
+        let first = prompt(first_len, salt);
+        let mark = ((first_len as f64 * mark_at) as usize).max(1);
+        let mut second = first[..mark].to_vec();
+        second.extend(prompt(tail_len, salt + 77));
+        let request = |p: &[u32]| {
+            let mut r = SequenceRequest::greedy(p.to_vec(), 16);
+            r.ignore_eos = true;
+            if let Some(seed) = seed {
+                r.sampler.temperature = 0.9;
+                r.sampler.seed = seed;
+            }
+            r
+        };
+
+        let mut fresh = engine(false);
+        let want = fresh.generate(0, request(&second)).unwrap();
+
+        let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
+        let mut e = engine_with(true, rollback);
+        let mut r = request(&first);
+        r.checkpoints = vec![mark];
+        e.generate(0, r).unwrap();
+        let mut r = request(&second);
+        r.spec = SpecParams {
+            n_max,
+            adaptive: false,
+            p_min: 0.0,
+            ngram_n: 2,
+            drafters: vec![DrafterKind::parse(["draft-mtp", "ngram-simple", "ngram-mod"][drafter]).unwrap()],
+            ..SpecParams::default()
+        };
+        let got = e.generate(0, r).unwrap();
+        prop_assert_eq!(got.n_cached, mark);
+        prop_assert_eq!(got.tokens, want.tokens);
     }
 }

@@ -61,11 +61,16 @@ fn kquant_spec(seed: u64) -> TestModelSpec {
 }
 
 fn load(dir: &Path, name: &str, spec: &TestModelSpec) -> Arc<Model> {
+    load_ubatch(dir, name, spec, 64)
+}
+
+/// Writes `spec` to `dir/name` and loads it, prompts processed in pieces of `n_ubatch` rows.
+pub fn load_ubatch(dir: &Path, name: &str, spec: &TestModelSpec, n_ubatch: usize) -> Arc<Model> {
     let p = dir.join(name);
     write_model(spec, &p).unwrap();
     let opts = ModelOptions {
         n_threads: 2,
-        n_ubatch: 64,
+        n_ubatch,
     };
     Arc::new(Model::load(p, opts).unwrap())
 }
