@@ -93,7 +93,10 @@ def turn(port, api, system, history, thinking, max_tokens):
                   "input_schema": t["function"]["parameters"]} for t in TOOLS]
         body = {"system": system, "messages": msgs, "tools": tools, "max_tokens": max_tokens,
                 "temperature": 0,
-                "thinking": {"type": "enabled", "budget_tokens": 1024} if thinking else {"type": "disabled"}}
+                "thinking": {"type": "enabled", "budget_tokens": 1024} if thinking else {"type": "disabled"},
+                # llama-server ignores `thinking: disabled` (b11434 maps only `enabled`, to a
+                # budget) and renders its default; the kwarg gives both servers the same prompt.
+                "chat_template_kwargs": kw}
         v = post(port, "/v1/messages", body)
         text = "".join(b.get("text", "") for b in v["content"] if b["type"] == "text")
         think = "".join(b.get("thinking", "") for b in v["content"] if b["type"] == "thinking")
