@@ -50,11 +50,10 @@
 ///
 /// Every cost except the one-row step is kept **in steps**: a sample is divided by the step
 /// estimate of the moment it was taken. The choice of a draft length only compares costs with
-/// each other, and this host's speed moves in bursts of tens of percent; kept in seconds, a width
-/// measured during a fast burst and rarely used since (two rows at low acceptance) looked cheaper
-/// than the one-row step measured every round in the slow phase that followed, so a controller
-/// with no accepted draft for many rounds kept verifying one-token drafts — 71 of them in one
-/// 128-token request at zero acceptance.
+/// each other, and a host's speed moves in bursts: kept in seconds, a width measured in a fast
+/// burst and rarely used since looks cheaper than the one-row step of the slow phase after it,
+/// and the controller keeps verifying drafts that cannot pay (BENCHMARKS.md, "Why the
+/// controller's rules are what they are", has the measurements behind this and the rules below).
 ///
 /// The step itself is guarded both ways: a one-row sample counts for at most [`STEP_OUTLIER`]
 /// times the estimate (one preempted step must not price plain decoding as slow for the hundreds
@@ -92,13 +91,12 @@ pub struct CostModel {
     count: Vec<u8>,
     /// Whether the first sample of each kind was seen and dropped (widths at index w, redecodes
     /// at `MAX_WIDTH + 1 + rows`, then the checkpoint and the fast rollback): the first decode
-    /// of a width in a process allocates and faults in its buffers. One such sample priced two
-    /// rows at 2 steps — and every wider batch at a step per row more — and a request at 50 %
-    /// acceptance on a fresh process drafted nothing in 256 rounds.
+    /// of a width in a process allocates and faults in its buffers, and one such sample can
+    /// price drafting out for a whole request.
     warm: Vec<bool>,
     /// One-row steps since a checkpoint was last measured (forgotten at [`FORGET_AFTER`]: the
-    /// first checkpoint on a fresh server allocates its buffers — ~3 steps in one sweep, which
-    /// kept checkpoint mode from drafting at full acceptance for the rest of the run).
+    /// first checkpoint on a fresh server allocates its buffers and must not price checkpoint
+    /// mode out for the rest of the run).
     checkpoint_age: u32,
     /// Drafts of n tokens with n + 1 > this many rows need a checkpoint (and a redecode when not
     /// fully accepted): 0 under checkpoint rollback, the fast path's window under the fast
@@ -111,10 +109,9 @@ pub struct CostModel {
 /// Verification batches after which the one-row step is measured again (one plain round,
 /// [`CostModel::wants_step`]). A sequence that always drafts (high acceptance) never decodes a
 /// single row, and every width is priced in steps: without a step its samples wait in seconds
-/// and the widths keep the prior's slope — on a MoE model a batch of 9 rows cost ~5 steps
-/// where the prior said 2.6, and drafting at 75 % acceptance ran at 0.9x plain. A stale step
-/// misprices plain decoding against the widths the same way. One round in this many costs at
-/// most its draft's gain (under 1 % at 8 accepted tokens a round).
+/// and the widths keep the prior's slope, far too flat on a MoE model. A stale step misprices
+/// plain decoding against the widths the same way. One round in this many costs at most its
+/// draft's gain.
 const STEP_REFRESH: u32 = 128;
 
 /// Widths the cost model keeps (wider batches are priced as the widest).
@@ -163,9 +160,8 @@ const WARM_CHECKPOINT: usize = 2 * (MAX_WIDTH + 1);
 const WARM_FAST: usize = WARM_CHECKPOINT + 1;
 /// One-row steps after which a width's, a redecode's or the checkpoint's cost measurement is
 /// forgotten, so it is priced from its neighbours or the prior again. A cost that makes
-/// drafting look dear is never measured again (nothing is drafted): one slow sample — the first
-/// checkpoint on a fresh server, which allocates its buffers — kept checkpoint mode from drafting
-/// even at full acceptance, for good.
+/// drafting look dear is never measured again (nothing is drafted), so one slow sample would
+/// otherwise stop drafting for good.
 pub const FORGET_AFTER: u32 = 256;
 
 impl CostModel {
@@ -515,10 +511,9 @@ pub const PROBE_ALLOWANCE: f64 = 4.0;
 pub const PROBE_MAX: u32 = 128;
 /// Most time a skipped model drafter's catch-ups may cost, as a fraction of the plain steps
 /// taken while it was skipped: a probe must first feed the drafter every token it missed, and
-/// with a small target that catch-up, not the probe's verification, is what costs. (A draft
-/// model's batched catch-up costs a fixed share of the tokens it missed — ~4 % of a target step
-/// per token on the trained pair — so this share is, in the end, what a draft model that never
-/// drafts costs: 3 % left draft-simple at 0.93× of plain there.)
+/// with a small target that catch-up, not the probe's verification, is what costs. A draft
+/// model's batched catch-up costs a fixed share of the tokens it missed, so this share is, in
+/// the end, what a draft model that never drafts costs.
 pub const PROBE_BUDGET: f64 = 0.01;
 
 impl Controller {
@@ -712,8 +707,8 @@ impl Controller {
         self.missed += 1;
         // Seconds only once a step is measured: before that the cost model's unit is arbitrary
         // (a second), and a server whose first requests run side by side measures no step
-        // (only one sequence's batches are timed) — each skipped round then let the 1 % budget
-        // pay for 10 ms of catch-ups.
+        // (only one sequence's batches are timed), so each skipped round would buy catch-ups
+        // priced in that arbitrary unit.
         self.skipped_secs += cost.step_secs().unwrap_or(0.0);
         if self.skipped < self.probe_after || !self.catch_up_affordable(cost) {
             return 0;
