@@ -11,7 +11,7 @@
 //! without transparent huge pages, buffers smaller than one huge page, `SPECD_NO_HUGE_PAGES` set
 //! (A/B measurements) — the buffer is an ordinary `Vec`. Either way the bytes and the resident
 //! size are the same: only the pages touched are resident, and the mapping ends at the buffer's
-//! last 4 KiB page, so a huge page never extends past it. Figures in BENCHMARKS.md.
+//! last 4 KiB page, so a huge page never extends past it.
 
 use crate::weight::ByteSource;
 

@@ -76,8 +76,7 @@ pub fn for_each_piece_mut<T: Send>(buf: &mut [T], len: usize, f: impl Fn(usize, 
 
 /// Chunks per thread a region is cut into. The threads claim chunks as they go, so more chunks
 /// end a region more evenly — but a matmul's chunk is a stretch of the weight stream, and at 16
-/// the shorter stretches cost more than the waiting saved (one-row and 8-row steps 6–7 % slower,
-/// BENCHMARKS.md).
+/// the shorter stretches cost more than the waiting saved (one-row and 8-row steps got slower).
 pub const CHUNKS_PER_THREAD: usize = 4;
 
 /// Fewest values a task of row-wise work (activation quantisation) gets: a hand-off to a

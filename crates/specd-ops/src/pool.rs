@@ -5,8 +5,8 @@
 //! decode step is a few hundred parallel regions (every matmul, the recurrence, attention)
 //! separated by serial stretches of tens to hundreds of microseconds (norms, the conv, gathers).
 //! Rayon parks an idle worker after about 32 `sched_yield`s, so most regions began by waking a
-//! parked thread — a futex call and a trip through the scheduler — which cost a sixth of a
-//! one-row decode step on a 2-core host (BENCHMARKS.md). Here an idle worker spins (`pause`) for
+//! parked thread — a futex call and a trip through the scheduler — a cost every one-row decode
+//! step paid hundreds of times. Here an idle worker spins (`pause`) for
 //! [`spin_limit`] before it parks, as llama.cpp's thread pool does, and a region's caller works on
 //! it too. Rayon stays for work outside a model's pool (loading, repacking, the kernel benches).
 //!

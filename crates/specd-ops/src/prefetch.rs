@@ -10,7 +10,7 @@
 //! sub-block instead ([`spread`], [`stream`]), the same requests keep the stream flowing, for
 //! one row and for eight. *Where* the lines go is the CPU's: on Intel into L2 ([`intel_l2`],
 //! [`into_l2`]) — with a second, short-range request into L1 ([`near_l1`]) — on AMD into L1
-//! (`docs/quantisation.md`, "Streaming the weights"; figures in BENCHMARKS.md).
+//! (`docs/quantisation.md`, "Streaming the weights").
 
 /// Bytes ahead of the current block that a kernel prefetches: 4 KiB, or 8 KiB for a tile of at
 /// least `wide_from` activation rows. A wide tile spends long enough on each block that 4 KiB
@@ -35,9 +35,9 @@ pub(crate) const WIDE_SUPER_BLOCKS: usize = 8;
 
 /// Whether the kernels prefetch into L2 (`prefetcht1`) rather than L1 (`prefetcht0`), decided
 /// once per process: on Intel CPUs yes, on the others no; `SPECD_PREFETCH=l1|l2` overrides (A/B
-/// measurements). On an Intel Xeon the L1 prefetches held up the tiles' own loads (one-row
-/// steps and 4-row tiles ran faster into L2; BENCHMARKS.md). On AMD, L1: Zen 5 measured the two
-/// alike (prefetches then issued in one burst), Zen 4 generated faster into L1 (BENCHMARKS.md).
+/// measurements). On Intel the L1 prefetches hold up the tiles' own loads (one-row steps and
+/// 4-row tiles run faster into L2). On AMD, L1: Zen 5 measured the two alike, Zen 4 generates
+/// faster into L1.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn intel_l2() -> bool {
     use std::sync::OnceLock;
@@ -68,10 +68,10 @@ pub(crate) const NEAR: usize = 1024;
 /// Whether the kernels add the [`NEAR`] L1 prefetch to their stream, in every tile but the AMX
 /// ones: where the stream goes to L2 ([`intel_l2`]). From L2 alone, a tile waits for each line's
 /// move into L1 and its arithmetic and the stream take turns; from L1 alone they overlap but the
-/// stream is slower (figures in BENCHMARKS.md). With the short L1 request on top, the tiles overlap again
+/// stream is slower. With the short L1 request on top, the tiles overlap again
 /// and the one-row step keeps the L2 stream's speed. (On 4 KiB pages the 32-column kernels' wide
 /// tiles measured no faster with it and went without; on the huge pages the weights now live on
-/// ([`crate::huge_pages`]) their 8-row tiles ran 4–9 % faster with it at AVX-512.)
+/// ([`crate::huge_pages`]) their 8-row tiles are faster with it at AVX-512.)
 pub(crate) fn near_l1() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -3,8 +3,7 @@
 //! A decode step fills a few dozen f32 buffers that live for one layer: projections, the FFN's
 //! hidden rows, the recurrence's outputs. Allocating each with `vec![0.0; n]` costs an allocation
 //! and a pass of zeroes over memory that the next kernel overwrites anyway, on the thread that
-//! drives the step while the other compute threads wait (BENCHMARKS.md has the share of a
-//! verification batch). [`Buf::output`] instead takes a buffer from this thread's free list and
+//! drives the step while the other compute threads wait. [`Buf::output`] instead takes a buffer from this thread's free list and
 //! leaves its values as an earlier use left them: for outputs a kernel writes in full. In debug
 //! builds those values are NaN, so a kernel that leaves an element unwritten shows in the tests
 //! (NaN reaches the logits) instead of passing stale values on.

@@ -477,7 +477,7 @@ impl Tokenizer {
             frags = next;
         }
         // Only the ids are read: `encode_fast` skips the offset conversion `encode` does for
-        // every token (same ids; about 3× faster on long texts, BENCHMARKS.md). Long texts go
+        // every token (same ids, several times faster on long texts). Long texts go
         // in pieces cut where the pre-tokenizer splits anyway (same ids, memory bounded by the
         // piece: `chunk.rs`).
         for f in frags {

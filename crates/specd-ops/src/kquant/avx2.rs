@@ -360,8 +360,8 @@ unsafe fn kernel_body<F: Fmt, const R: usize, const VNNI: bool>(
 /// One group of 16 interleaved rows of `fmt` against `t` (1..=8) activation rows; see
 /// [`super::avx512::dot_group`]. Every tile height up to eight is one pass over the group: past
 /// four rows the sixteen ymm registers no longer hold every row's sums next to a sub-block's
-/// weights and the compiler spills some, but that measured 5–26 % cheaper at 5–8 rows than two
-/// tiles that each decode the weights again (BENCHMARKS.md, 2026-11-28 afternoon).
+/// weights and the compiler spills some, but that is cheaper at 5–8 rows than two tiles that
+/// each decode the weights again (`cargo bench -p specd-ops --bench matmul -- hot tiles`).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the pointers must cover what they describe.
@@ -422,7 +422,7 @@ pub(crate) unsafe fn dot_group(
 /// latency) where AVX2 folds it into `vpmaddwd`; with 16-value sub-blocks (Q6_K, Q2_K, Q3_K)
 /// that is twice as many multiplies, and the wide tiles, short of registers, lost to AVX2 —
 /// the heights below are where each kernel measured faster (`cargo bench -p specd-ops --bench
-/// matmul -- hot tiles`; figures in BENCHMARKS.md).
+/// matmul -- hot tiles`).
 fn vnni_pays(fmt: KFormat, rows: usize) -> bool {
     match fmt {
         KFormat::Q6K => rows <= 4,

@@ -254,8 +254,8 @@ unsafe fn dp_signed(p: __m256i, aw: __m256i, w: __m256i, x: __m256i) -> __m256i 
 /// chunk outermost, rows inside, the weight side of a chunk computed once and used by every row
 /// while it is in a register. Without it LLVM re-associates each row's integer sums into a tree
 /// and computes the tile row by row, spilling every chunk's weight side (`|w|` and `w`, or the
-/// two nibble vectors) to the stack for the next rows; some tile heights then cost 13–54 % more
-/// (BENCHMARKS.md). Integer adds: the sums, and so the bits, are the same either way.
+/// two nibble vectors) to the stack for the next rows, and some tile heights cost far more.
+/// Integer adds: the sums, and so the bits, are the same either way.
 #[target_feature(enable = "avx")]
 #[inline]
 unsafe fn pin(mut v: __m256i) -> __m256i {

@@ -46,7 +46,7 @@ macro_rules! by_tile {
 pub(crate) const TILE: usize = 8;
 /// The fewest activation rows a tile needs to go to the AMX kernels: at 8 rows the VNNI kernels
 /// were still faster (a tile's products and stores cost the same for 8 rows as for 16), at 12 the
-/// AMX ones (`cargo bench -p specd-ops --bench matmul -- hot`; BENCHMARKS.md).
+/// AMX ones (`cargo bench -p specd-ops --bench matmul -- hot`).
 pub(crate) const AMX_MIN_ROWS: usize = 12;
 
 /// Activation rows kept hot in cache while a chunk of weight rows streams past (prefill).
