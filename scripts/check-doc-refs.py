@@ -7,6 +7,9 @@ repository (README.md, BENCHMARKS.md, PARITY.md, docs/*.md). It resolves when do
 heading whose text starts with that number (`## 5. The controller`, `### 3.7 MTP …`). A `§` in
 a Rust comment that names no docs/ file is an error too: a reader could not follow it.
 
+It also checks the relative links of those Markdown files (`[text](docs/x.md#anchor)`): the file
+must exist and the anchor must be one of its headings (GitHub's slugs).
+
 Usage: python3 scripts/check-doc-refs.py    (exit status 1 and one line per broken reference)
 """
 import pathlib
@@ -54,6 +57,49 @@ def sources():
                     yield path, n, line, False
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading):
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path):
+    found = set()
+    in_code = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            found.add(slug(line.lstrip("#")))
+    return found
+
+
+def check_links(errors):
+    md = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "PARITY.md"]
+    md += sorted((ROOT / "docs").rglob("*.md"))
+    n = 0
+    for path in md:
+        if not path.is_file():
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in LINK.finditer(line):
+                target = m.group(1)
+                if re.match(r"^[a-z]+:", target):
+                    continue
+                n += 1
+                file, _, anchor = target.partition("#")
+                dest = (path.parent / file).resolve() if file else path
+                where = f"{path.relative_to(ROOT)}:{i}"
+                if not dest.exists():
+                    errors.append(f"{where}: link to a missing file: {target}")
+                elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                    errors.append(f"{where}: link to a missing heading: {target}")
+    return n
+
+
 def main():
     cache = {}
     errors = []
@@ -72,9 +118,10 @@ def main():
                 errors.append(f"{where}: docs/{doc} does not exist ({m.group(0)})")
             elif sec not in cache[doc]:
                 errors.append(f"{where}: docs/{doc} has no heading numbered {sec} ({m.group(0)})")
+    links = check_links(errors)
     for e in errors:
         print(e)
-    print(f"check-doc-refs: {refs} references, {len(errors)} broken")
+    print(f"check-doc-refs: {refs} § references and {links} links, {len(errors)} broken")
     return 1 if errors else 0
 
 
