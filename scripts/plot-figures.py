@@ -9,6 +9,8 @@ library needed).
   docs/figures/width-cost.svg  the cost of a verification batch of w rows in one-row steps,
       specd against llama.cpp, per file. Input: the JSON of
       `scripts/bench_quant_vs_llamacpp.py --json` (a list of rows, or {"rows": [...]}).
+  Either input may instead be a `specd bench --json` report (specd alone: its "synth" rows,
+  its "speed" widths).
 
 Usage: python3 scripts/plot-figures.py [--synth docs/figures/synth.json]
            [--widths docs/figures/widths.json] [--out docs/figures]
@@ -83,7 +85,29 @@ def legend(svg, x, y, items):
         svg.text(x + 28, yy, name, size=11)
 
 
+def from_specd_bench(data):
+    """`specd bench --json` reports: its "synth" rows become the script's "synthetic" rows
+    (one series per rollback mode), its "speed" widths one specd row of the width plot."""
+    out = dict(data)
+    if "synthetic" not in data and data.get("synth"):
+        rows = {}
+        for r in data["synth"]:
+            if r.get("rate") is None:
+                continue
+            key = (r["rate"], r["n_max"])
+            rows.setdefault(key, {"rate": r["rate"], "n_max": r["n_max"]})
+            rows[key][f"specd {r['rollback']}"] = {"tok_s": r["tok_s"], "speedup": r["speedup"]}
+        out["synthetic"] = list(rows.values())
+    if "rows" not in data and isinstance(data.get("speed"), dict):
+        ms = dict(data["speed"]["verify_ms_by_width"])
+        widths = {str(w): v / ms[1] for w, v in ms.items()}
+        out["rows"] = [{"file": os.path.basename(str(data.get("model", "specd"))),
+                        "level": data.get("kernels", ""), "specd_widths": widths}]
+    return out
+
+
 def speedup_plot(data, path):
+    data = from_specd_bench(data)
     rows = data["synthetic"]
     lens = sorted({r["n_max"] for r in rows})
     engines = [e for e in COLORS if any(e in r for r in rows)]
@@ -107,21 +131,24 @@ def speedup_plot(data, path):
                          dash="5,3" if e == "specd checkpoint" else None)
     legend(svg, left + len(lens) * (pw + gap) - 40, 76,
            [(e, COLORS[e], "5,3" if e == "specd checkpoint" else None) for e in engines])
-    foot = f"{data.get('host', '')}, {data.get('date', '')}; {os.path.basename(str(data.get('model', '')))}, " \
-           f"{data.get('threads', '?')} threads, {data.get('n_gen', '?')} tokens; synthetic acceptance"
+    parts = [data.get("host"), data.get("date"), os.path.basename(str(data.get("model", ""))),
+             f"{data['threads']} threads" if data.get("threads") else None,
+             f"{data['n_gen']} tokens" if data.get("n_gen") else None, "synthetic acceptance"]
+    foot = ", ".join(p for p in parts if p)
     svg.text(left, ph + 132, foot, size=11, color="#555")
     svg.write(path)
 
 
 def width_plot(data, path):
+    data = from_specd_bench(data) if isinstance(data, dict) else data
     rows = data["rows"] if isinstance(data, dict) else data
     ws = sorted({int(w) for r in rows for w in r["specd_widths"]} | {1})
     def steps(r, key):
-        d = {int(k): v for k, v in r[key].items()}
+        d = {int(k): v for k, v in r.get(key, {}).items()}
         d.setdefault(1, 1.0)
         return [(w, d[w]) for w in ws if w in d]
-    top = max(v for r in rows for k in ("specd_widths", "llama_widths") for _, v in steps(r, k))
-    low = min(v for r in rows for k in ("specd_widths", "llama_widths") for _, v in steps(r, k))
+    vals = [v for r in rows for k in ("specd_widths", "llama_widths") for _, v in steps(r, k)]
+    top, low = max(vals), min(vals)
     ymin = 1.0 if low >= 1.0 else 0.75
     ymax = max(2.0, float(int(top * 2) + 1) / 2)
     ys = [ymin + v * 0.25 for v in range(int((ymax - ymin) * 4) + 1)]
@@ -136,13 +163,16 @@ def width_plot(data, path):
         c = FILE_COLORS[i % len(FILE_COLORS)]
         name = r["file"].replace(".gguf", "").replace("q08b-", "")
         svg.polyline([(fx(w), fy(s)) for w, s in steps(r, "specd_widths")], c)
-        svg.polyline([(fx(w), fy(s)) for w, s in steps(r, "llama_widths")], c, width=1.5, dash="5,3")
         items.append((f"{name} specd", c, None))
-        items.append((f"{name} llama.cpp", c, "5,3"))
+        if r.get("llama_widths"):
+            svg.polyline([(fx(w), fy(s)) for w, s in steps(r, "llama_widths")], c, width=1.5,
+                         dash="5,3")
+            items.append((f"{name} llama.cpp", c, "5,3"))
     legend(svg, left + pw + 20, 60, items)
-    level = rows[0].get("level", "")
-    foot = f"{data.get('host', '') if isinstance(data, dict) else ''}, " \
-           f"{data.get('date', '') if isinstance(data, dict) else ''}; level {level}"
+    meta = data if isinstance(data, dict) else {}
+    level = rows[0].get("level")
+    parts = [meta.get("host"), meta.get("date"), f"level {level}" if level else None]
+    foot = ", ".join(p for p in parts if p)
     svg.text(left, ph + 110, foot, size=11, color="#555")
     svg.write(path)
 
