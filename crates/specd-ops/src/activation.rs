@@ -4,8 +4,8 @@
 //! element through one formula whatever its position or the slice's length (on AVX-512 and AVX2
 //! a polynomial `exp` with masked tails, else the scalar functions below), so a row's result
 //! does not depend on the batch around it. They are vectorised by hand because a verification batch
-//! pays them once per row and they ran single-threaded on libm's `expf` (~1 ms per row on the
-//! 0.8B shape: the FFN gate, the conv and the gated norm).
+//! pays them once per row (the FFN gate, the conv and the gated norm), and libm's `expf` runs
+//! them one element at a time.
 
 /// Logistic sigmoid.
 #[inline]

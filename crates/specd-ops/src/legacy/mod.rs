@@ -349,9 +349,8 @@ impl LegacyActs {
 /// `f16(dx · Σq)` with the scale before its f16 rounding (`dx = max|x| / 127`). Why not the
 /// more precise `f16(dx)·Σq` in f32: the offset term `m·sx` is often larger than the result (the
 /// `d` term cancels most of it), so the f16 rounding of `sx` is the largest error llama.cpp does
-/// not share with a more precise product; measured on llama-quantize's Q4_1 / Q5_1 files of a
-/// random-weight model, it made teacher-forced top-1 agreement with llama.cpp 82–84 % where Q5_0
-/// (no offset) read 91 %.
+/// not share with a more precise product (computed in f32, it put agreement with llama.cpp on
+/// Q4_1 / Q5_1 files well below Q5_0's, which has no offset: PARITY.md history).
 fn block_sum_term(xs: &[f32], c: i32) -> f32 {
     // As `quant::quantize_block` computes it (`f32::max` skips NaN).
     let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));

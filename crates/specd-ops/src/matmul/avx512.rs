@@ -1,8 +1,8 @@
 //! AVX-512 VNNI kernels for Q8_0 / Q4_0 weights.
 //!
 //! Why a second x86 path: with AVX2 each (row, block) costs ~9 instructions (sign fix-up, two
-//! widening multiply-adds, conversion, scale broadcast, FMA), so a 4-row verification batch was
-//! compute-bound at 1.7× one step. Here one `vpdpbusd` does the whole 64-byte (two-block) integer
+//! widening multiply-adds, conversion, scale broadcast, FMA), so a 4-row verification batch is
+//! compute-bound. Here one `vpdpbusd` does the whole 64-byte (two-block) integer
 //! dot product, and the per-row work per block pair is four instructions: `vpdpbusd`, convert,
 //! scale multiply, FMA. The weight-side work (load, scales, the +128 correction) is done once per
 //! block pair and shared by up to eight activation rows.
