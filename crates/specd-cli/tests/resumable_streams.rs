@@ -38,6 +38,25 @@ fn post_stream(s: &Server, body: &Value) -> Resp {
     )
 }
 
+/// Starts a detached chat stream with `body` and reads its head and first chunk; the reader is
+/// positioned at the next chunk.
+fn open_detached(s: &Server, body: &Value) -> std::io::BufReader<std::net::TcpStream> {
+    let mut conn = connect(&s.addr);
+    write_request(
+        &mut conn,
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("X-Conversation-Id", ID)],
+        Some(body.to_string().as_bytes()),
+    );
+    conn.flush().unwrap();
+    let mut r = std::io::BufReader::new(conn);
+    assert_eq!(read_head(&mut r).0, 200);
+    assert!(read_chunk(&mut r).is_some());
+    r
+}
+
 /// The text of a chat stream's `data:` events.
 fn content(body: &[u8]) -> String {
     String::from_utf8_lossy(body)
@@ -139,20 +158,7 @@ fn a_stream_survives_its_client_and_replays_whole() {
     assert!(!expected.is_empty());
 
     // The detached one: its client reads the head and one chunk, then leaves.
-    let mut conn = connect(&s.addr);
-    write_request(
-        &mut conn,
-        &s.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("X-Conversation-Id", ID)],
-        Some(body.to_string().as_bytes()),
-    );
-    conn.flush().unwrap();
-    let mut r = std::io::BufReader::new(conn);
-    let (status, _) = read_head(&mut r);
-    assert_eq!(status, 200);
-    assert!(read_chunk(&mut r).is_some());
+    let r = open_detached(&s, &body);
     // Still generating when its client leaves.
     let found = s.ok("/v1/streams/lookup", &json!({"conversation_ids": [ID]}));
     assert_eq!(found[0]["is_done"], false, "{found}");
@@ -175,21 +181,7 @@ fn a_stop_cancels_the_generation_and_a_new_request_replaces_the_old() {
     let s = Server::start(&["-np", "1"]);
     // Long enough never to end by itself within the test.
     let long = chat(100_000, json!({"ignore_eos": true}));
-    let mut r = {
-        let mut conn = connect(&s.addr);
-        write_request(
-            &mut conn,
-            &s.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("X-Conversation-Id", ID)],
-            Some(long.to_string().as_bytes()),
-        );
-        conn.flush().unwrap();
-        std::io::BufReader::new(conn)
-    };
-    assert_eq!(read_head(&mut r).0, 200);
-    assert!(read_chunk(&mut r).is_some());
+    let mut r = open_detached(&s, &long);
     let found = s.ok(
         "/v1/streams/lookup",
         &json!({"conversation_ids": ["conv-stream-test"]}),
@@ -227,21 +219,7 @@ fn a_stop_cancels_the_generation_and_a_new_request_replaces_the_old() {
     );
 
     // A request under an id that is running stops the running one.
-    let mut first = {
-        let mut conn = connect(&s.addr);
-        write_request(
-            &mut conn,
-            &s.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("X-Conversation-Id", ID)],
-            Some(long.to_string().as_bytes()),
-        );
-        conn.flush().unwrap();
-        std::io::BufReader::new(conn)
-    };
-    assert_eq!(read_head(&mut first).0, 200);
-    assert!(read_chunk(&mut first).is_some());
+    let mut first = open_detached(&s, &long);
     let second = post_stream(&s, &chat(8, json!({})));
     assert_eq!(second.status, 200, "{}", second.text());
     while read_chunk(&mut first).is_some() {}

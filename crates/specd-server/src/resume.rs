@@ -19,6 +19,7 @@
 //! in llama-server: anyone who may use the server and knows an id can read that stream.
 
 use crate::error::ApiError;
+use crate::generate::unix_now;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, Request, State};
@@ -30,7 +31,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// The most bytes one session keeps; older ones are dropped from the front.
@@ -57,13 +58,6 @@ const GENERATING: [&str; 9] = [
     "/v1/responses",
     "/v1/messages",
 ];
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// A session's bytes: the kept tail of its stream and how much was dropped before it.
 #[derive(Default)]
