@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 /// Writes a generated model (`preset`, weight `style`, `seed`, with an MTP head if `mtp`) to
 /// `dir/name` and loads it with 2 threads and 64-row prompt chunks.
+#[allow(dead_code)] // each test file uses its own part of this module
 pub fn test_model(
     dir: &Path,
     name: &str,
@@ -36,7 +37,7 @@ pub fn kquant_test_model(dir: &Path, name: &str, seed: u64) -> Arc<Model> {
 /// [`kquant_test_model`]'s shape (rows of whole super-blocks) with every matrix of one type
 /// (`wtype`: the formats no mix holds — Q2_K, Q3_K, Q4_1, Q5_0, Q5_1 — get their kernels
 /// exercised this way).
-#[allow(dead_code)] // used by the exactness tests only
+#[allow(dead_code)] // each test file uses its own part of this module
 pub fn kquant_type_test_model(dir: &Path, name: &str, seed: u64, wtype: TensorType) -> Arc<Model> {
     let mut spec = kquant_spec(seed);
     spec.wtype = wtype;
