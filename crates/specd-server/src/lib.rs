@@ -506,12 +506,15 @@ pub(crate) fn api_routes(st: Arc<AppState>) -> Router {
         r = r.route(&v.predict_route, post(vertex::predict));
     }
     r = r.route("/v1/stream", get(resume::read).delete(resume::stop));
-    r.route_layer(axum::middleware::from_fn_with_state(st.clone(), resume::detach))
-        .route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
-        .fallback(api::not_found)
-        // A known path with another method: llama-server's 404, not axum's empty 405.
-        .method_not_allowed_fallback(api::not_found)
-        .with_state(st)
+    r.route_layer(axum::middleware::from_fn_with_state(
+        st.clone(),
+        resume::detach,
+    ))
+    .route_layer(axum::middleware::from_fn_with_state(st.clone(), wake))
+    .fallback(api::not_found)
+    // A known path with another method: llama-server's 404, not axum's empty 405.
+    .method_not_allowed_fallback(api::not_found)
+    .with_state(st)
 }
 
 /// The HTTP routes with their middleware (authentication, logging, body limits, CORS).
