@@ -68,7 +68,7 @@ pub struct BenchArgs {
     #[arg(long = "model-draft", alias = "md")]
     pub model_draft: Option<PathBuf>,
     /// Rollback modes to compare.
-    #[arg(long = "spec-rollback", default_value = "fast,snapshot,checkpoint")]
+    #[arg(long = "spec-rollback", default_value = "replay,snapshot,checkpoint")]
     pub rollback: String,
     #[arg(long = "spec-draft-n-max", default_value_t = 8)]
     pub n_max: usize,
@@ -640,7 +640,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
                             w,
                             &a,
                             &plain_params,
-                            RollbackKind::Fast,
+                            RollbackKind::Replay,
                             None,
                             &mut refs,
                         )?;
@@ -670,7 +670,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             let plain_row = row(
                 &w.id,
                 "plain",
-                RollbackKind::Fast,
+                RollbackKind::Replay,
                 0,
                 None,
                 &plain,

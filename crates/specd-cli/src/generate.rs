@@ -158,8 +158,9 @@ pub struct SpecArgs {
     /// Draft model for draft-simple.
     #[arg(long = "model-draft", alias = "md")]
     pub model_draft: Option<PathBuf>,
-    /// How recurrent state is rolled back: fast (replay the recurrence), snapshot, checkpoint.
-    #[arg(long = "spec-rollback", default_value = "fast")]
+    /// How recurrent state is rolled back: replay (re-run the recurrence; `fast` is its earlier
+    /// name), snapshot, checkpoint.
+    #[arg(long = "spec-rollback", default_value = "replay")]
     pub rollback: String,
     /// Synthetic drafter: unconditional per-position acceptance probabilities P0,P1,...
     /// Drafts are then n-max long, as llama-server's, unless --spec-adaptive.
@@ -249,7 +250,7 @@ impl SpecArgs {
     pub fn rollback(&self) -> Result<RollbackKind> {
         RollbackKind::parse(&self.rollback).with_context(|| {
             format!(
-                "unknown rollback '{}' (fast, snapshot, checkpoint)",
+                "unknown rollback '{}' (replay, snapshot, checkpoint)",
                 self.rollback
             )
         })
@@ -407,7 +408,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     if spec.drafters.contains(&specd_spec::DrafterKind::Synthetic) {
         // The synthetic drafter needs the true continuation: run plain decoding first.
-        let mut plain = Engine::new(model.clone(), mem_cfg.clone(), RollbackKind::Fast);
+        let mut plain = Engine::new(model.clone(), mem_cfg.clone(), RollbackKind::Replay);
         let mut r = req.clone();
         r.spec = SpecParams::default();
         let out = plain.generate(0, r)?;

@@ -24,7 +24,7 @@ mod sequence;
 
 pub use checkpoint::CheckpointId;
 pub use kv::KvType;
-pub use recurrent::rollback::RollbackMode;
+pub use recurrent::rollback::RollbackKind;
 pub use sequence::{GdnLayerIo, Memory};
 
 use specd_ops::delta_net::GdnShape;
@@ -75,7 +75,7 @@ pub struct MemoryConfig {
     /// Maximum number of live sequences.
     pub max_seqs: usize,
     /// How recurrent state is rolled back without running the model.
-    pub rollback: RollbackMode,
+    pub rollback: RollbackKind,
     /// How many of the last tokens of a batch can be rolled back without a checkpoint (the
     /// verification width, draft n_max + 1, is what matters).
     pub rollback_window: usize,
@@ -94,7 +94,7 @@ impl Default for MemoryConfig {
         MemoryConfig {
             n_ctx: 4096,
             max_seqs: 16,
-            rollback: RollbackMode::Replay,
+            rollback: RollbackKind::Replay,
             rollback_window: 17,
             rollback_budget: 512 << 20,
             checkpoint_budget: 1 << 30,

@@ -3,7 +3,7 @@
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointStore};
 use crate::kv::KvLayer;
-use crate::recurrent::rollback::{BatchRecord, LayerRecord, RollbackMode};
+use crate::recurrent::rollback::{BatchRecord, LayerRecord, RollbackKind};
 pub use crate::recurrent::GdnLayerIo;
 use crate::recurrent::RecLayer;
 use crate::{MemoryConfig, MemoryError, MemoryLayout, MemoryUsage, SeqId};
@@ -49,7 +49,7 @@ impl Memory {
         &self.cfg
     }
     /// Changes the rollback mode (takes effect at the next batch).
-    pub fn set_rollback_mode(&mut self, mode: RollbackMode) {
+    pub fn set_rollback_mode(&mut self, mode: RollbackKind) {
         self.cfg.rollback = mode;
     }
 
@@ -131,7 +131,7 @@ impl Memory {
             if split > 0 {
                 need += lay.recurrent_state_bytes();
             }
-            if mode != RollbackMode::None
+            if mode != RollbackKind::Checkpoint
                 && win > 0
                 && other_bytes + need <= self.cfg.rollback_budget
             {

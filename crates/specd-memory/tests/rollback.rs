@@ -1,7 +1,7 @@
 //! Rollback and checkpoint restore must equal "never decoded those tokens", bit for bit.
 
 use proptest::prelude::*;
-use specd_memory::{Memory, MemoryConfig, MemoryError, MemoryLayout, RollbackMode};
+use specd_memory::{Memory, MemoryConfig, MemoryError, MemoryLayout, RollbackKind};
 use specd_ops::delta_net::{GdnGates, GdnShape};
 
 const C: usize = 2 * 2 * 8 + 4 * 8; // conv channels: 2·key_dim + value_dim
@@ -83,7 +83,7 @@ fn snapshot(mem: &Memory, seq: u32) -> Vec<Vec<f32>> {
     v
 }
 
-fn mem(mode: RollbackMode, window: usize) -> Memory {
+fn mem(mode: RollbackKind, window: usize) -> Memory {
     Memory::new(
         layout(),
         MemoryConfig {
@@ -106,7 +106,7 @@ proptest! {
         window in 4usize..12,
     ) {
         let reject = reject.min(draft.len());
-        let mode = if snapshot_mode { RollbackMode::Snapshot } else { RollbackMode::Replay };
+        let mode = if snapshot_mode { RollbackKind::Snapshot } else { RollbackKind::Replay };
         let window = window.max(draft.len());
         let mut a = mem(mode, window);
         decode(&mut a, 0, &prefix).unwrap();
@@ -114,7 +114,7 @@ proptest! {
         a.rollback(0, reject).unwrap();
         let keep = draft.len() - reject;
         // Reference: the accepted tokens decoded one at a time, never the rejected ones.
-        let mut b = mem(RollbackMode::None, window);
+        let mut b = mem(RollbackKind::Checkpoint, window);
         decode(&mut b, 0, &prefix).unwrap();
         for &t in &draft[..keep] {
             decode(&mut b, 0, &[t]).unwrap();
@@ -134,11 +134,11 @@ proptest! {
         snapshot_mode in any::<bool>(),
     ) {
         // The batch is longer than the window: the record starts from a copied base state.
-        let mode = if snapshot_mode { RollbackMode::Snapshot } else { RollbackMode::Replay };
+        let mode = if snapshot_mode { RollbackKind::Snapshot } else { RollbackKind::Replay };
         let mut a = mem(mode, 5);
         decode(&mut a, 0, &prompt).unwrap();
         a.rollback(0, reject).unwrap();
-        let mut b = mem(RollbackMode::None, 5);
+        let mut b = mem(RollbackKind::Checkpoint, 5);
         decode(&mut b, 0, &prompt[..prompt.len() - reject]).unwrap();
         prop_assert_eq!(snapshot(&a, 0), snapshot(&b, 0));
     }
@@ -146,7 +146,7 @@ proptest! {
 
 #[test]
 fn rollback_beyond_the_record_fails_and_changes_nothing() {
-    let mut a = mem(RollbackMode::Replay, 8);
+    let mut a = mem(RollbackKind::Replay, 8);
     decode(&mut a, 0, &[1, 2, 3]).unwrap();
     decode(&mut a, 0, &[4, 5]).unwrap();
     let before = snapshot(&a, 0);
@@ -164,33 +164,33 @@ fn rollback_beyond_the_record_fails_and_changes_nothing() {
     );
     assert_eq!(snapshot(&a, 0), before);
     assert_eq!(a.n_past(0), 5);
-    // Mode None: no fast rollback at all.
-    let mut c = mem(RollbackMode::None, 8);
+    // Checkpoint: no rollback records at all.
+    let mut c = mem(RollbackKind::Checkpoint, 8);
     decode(&mut c, 0, &[1, 2, 3]).unwrap();
     assert!(c.rollback(0, 1).is_err());
 }
 
 #[test]
 fn repeated_rollbacks_within_one_record() {
-    let mut a = mem(RollbackMode::Replay, 8);
+    let mut a = mem(RollbackKind::Replay, 8);
     decode(&mut a, 0, &[1, 2]).unwrap();
     decode(&mut a, 0, &[3, 4, 5, 6]).unwrap();
     a.rollback(0, 1).unwrap();
     a.rollback(0, 2).unwrap();
-    let mut b = mem(RollbackMode::None, 8);
+    let mut b = mem(RollbackKind::Checkpoint, 8);
     decode(&mut b, 0, &[1, 2, 3]).unwrap();
     assert_eq!(snapshot(&a, 0), snapshot(&b, 0));
 }
 
 #[test]
 fn checkpoint_restore_equals_never_decoded() {
-    let mut a = mem(RollbackMode::None, 8);
+    let mut a = mem(RollbackKind::Checkpoint, 8);
     decode(&mut a, 0, &[1, 2, 3, 4]).unwrap();
     let cp = a.checkpoint(0).unwrap().unwrap();
     decode(&mut a, 0, &[5, 6, 7]).unwrap();
     decode(&mut a, 0, &[8]).unwrap();
     a.restore(0, cp).unwrap();
-    let mut b = mem(RollbackMode::None, 8);
+    let mut b = mem(RollbackKind::Checkpoint, 8);
     decode(&mut b, 0, &[1, 2, 3, 4]).unwrap();
     assert_eq!(snapshot(&a, 0), snapshot(&b, 0));
     assert_eq!(a.n_past(0), 4);
@@ -198,13 +198,13 @@ fn checkpoint_restore_equals_never_decoded() {
 
 #[test]
 fn sequences_do_not_influence_each_other() {
-    let mut a = mem(RollbackMode::Replay, 8);
+    let mut a = mem(RollbackKind::Replay, 8);
     decode(&mut a, 0, &[1, 2, 3]).unwrap();
     decode(&mut a, 1, &[9, 9]).unwrap();
     decode(&mut a, 0, &[4]).unwrap();
     decode(&mut a, 1, &[9, 9, 9]).unwrap();
     a.rollback(1, 2).unwrap();
-    let mut b = mem(RollbackMode::Replay, 8);
+    let mut b = mem(RollbackKind::Replay, 8);
     decode(&mut b, 0, &[1, 2, 3]).unwrap();
     decode(&mut b, 0, &[4]).unwrap();
     assert_eq!(snapshot(&a, 0), snapshot(&b, 0));
@@ -212,7 +212,7 @@ fn sequences_do_not_influence_each_other() {
 
 #[test]
 fn memory_returns_to_what_accepted_tokens_need() {
-    let mut a = mem(RollbackMode::Snapshot, 8);
+    let mut a = mem(RollbackKind::Snapshot, 8);
     decode(&mut a, 0, &[1, 2, 3]).unwrap();
     let base = a.usage();
     for round in 0..500u32 {

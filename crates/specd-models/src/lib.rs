@@ -22,7 +22,7 @@ pub mod weights;
 pub use batch::{Batch, BatchRow, DecodeOutput};
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use model::{Model, ModelOptions};
-pub use specd_memory::{KvType, Memory, MemoryConfig, RollbackMode, SeqId};
+pub use specd_memory::{KvType, Memory, MemoryConfig, RollbackKind, SeqId};
 
 /// Errors while loading or running a model.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! prefill, rollback and checkpoint restore equal "never decoded", sequence isolation.
 
 use proptest::prelude::*;
-use specd_memory::{Memory, MemoryConfig, RollbackMode};
+use specd_memory::{Memory, MemoryConfig, RollbackKind};
 use specd_models::{Batch, Model, ModelOptions};
 use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::sync::{Arc, OnceLock};
@@ -62,7 +62,7 @@ fn fx() -> &'static Fixture {
     })
 }
 
-fn mem(m: &Model, mode: RollbackMode) -> Memory {
+fn mem(m: &Model, mode: RollbackKind) -> Memory {
     m.new_memory(MemoryConfig {
         n_ctx: 128,
         max_seqs: 8,
@@ -73,7 +73,7 @@ fn mem(m: &Model, mode: RollbackMode) -> Memory {
 
 /// Logits of each token of `tokens` decoded one at a time from a fresh sequence.
 fn one_by_one(m: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut mm = mem(m, RollbackMode::Replay);
+    let mut mm = mem(m, RollbackKind::Replay);
     tokens
         .iter()
         .enumerate()
@@ -103,7 +103,7 @@ proptest! {
         let m = models()[mi];
         let reference = one_by_one(m, &tokens);
         // All tokens in one batch, interleaved with another sequence's rows.
-        let mut mm = mem(m, RollbackMode::Replay);
+        let mut mm = mem(m, RollbackKind::Replay);
         let mut b = Batch::new();
         let mut j = 0;
         for (i, &t) in tokens.iter().enumerate() {
@@ -137,12 +137,12 @@ proptest! {
         accepted.extend_from_slice(&draft[..keep]);
         accepted.push(7); // the next token after the rollback
         let reference = one_by_one(m, &accepted);
-        let rmode = [RollbackMode::Replay, RollbackMode::Snapshot, RollbackMode::None][mode];
+        let rmode = [RollbackKind::Replay, RollbackKind::Snapshot, RollbackKind::Checkpoint][mode];
         let mut mm = mem(m, rmode);
         m.decode(&mut mm, &Batch::from_tokens(&prefix, 0, 0, false)).unwrap();
         let cp = mm.checkpoint(0).unwrap();
         m.decode(&mut mm, &Batch::from_tokens(&draft, prefix.len() as u32, 0, true)).unwrap();
-        if rmode == RollbackMode::None && m.memory_layout().is_hybrid() {
+        if rmode == RollbackKind::Checkpoint && m.memory_layout().is_hybrid() {
             // Checkpoint + redecode of the accepted part.
             mm.restore(0, cp.unwrap()).unwrap();
             if keep > 0 {
@@ -162,7 +162,7 @@ fn chunked_prefill_matches_token_by_token() {
     for m in models() {
         let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
         let reference = one_by_one(m, &tokens);
-        let mut mm = mem(m, RollbackMode::Replay);
+        let mut mm = mem(m, RollbackKind::Replay);
         // n_ubatch is 7: the prompt goes through in 6 chunks.
         let out = m
             .decode(&mut mm, &Batch::from_tokens(&tokens, 0, 0, false))
@@ -192,7 +192,7 @@ fn sequences_do_not_influence_each_other() {
     let m = &fx().qwen;
     let a: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
     let reference = one_by_one(m, &a);
-    let mut mm = mem(m, RollbackMode::Replay);
+    let mut mm = mem(m, RollbackKind::Replay);
     for (i, &t) in a.iter().enumerate() {
         let mut b = Batch::new();
         b.push(t, i as u32, 0, true);
@@ -209,7 +209,7 @@ fn sequences_do_not_influence_each_other() {
 #[test]
 fn bad_batches_are_errors_and_change_nothing() {
     let m = &fx().qwen;
-    let mut mm = mem(m, RollbackMode::Replay);
+    let mut mm = mem(m, RollbackKind::Replay);
     m.decode(&mut mm, &Batch::from_tokens(&[1, 2, 3], 0, 0, true))
         .unwrap();
     let before = mm.usage();

@@ -3,7 +3,7 @@
 //! experts, and malformed MoE files are named errors.
 
 use specd_gguf::{GgufFile, GgufValue, GgufWriter};
-use specd_memory::{MemoryConfig, RollbackMode};
+use specd_memory::{MemoryConfig, RollbackKind};
 use specd_models::layers::moe::route;
 use specd_models::{Batch, Model, ModelError, ModelOptions};
 use specd_testmodel::{write_model, Preset, TestModelSpec};
@@ -29,7 +29,7 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
     let mut mem = m.new_memory(MemoryConfig {
         n_ctx: 64,
         max_seqs: 1,
-        rollback: RollbackMode::Replay,
+        rollback: RollbackKind::Replay,
         ..Default::default()
     });
     m.decode(&mut mem, &Batch::from_tokens(tokens, 0, 0, true))
@@ -301,7 +301,7 @@ fn k_quant_experts_give_one_row_the_bits_of_a_batch() {
     let mut mem = m.new_memory(MemoryConfig {
         n_ctx: 64,
         max_seqs: 1,
-        rollback: RollbackMode::Replay,
+        rollback: RollbackKind::Replay,
         ..Default::default()
     });
     let nv = batched.len() / tokens.len();

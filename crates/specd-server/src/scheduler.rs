@@ -1006,7 +1006,7 @@ pub fn synthetic_reference(
         kv_type_v: kv_types.1,
         ..MemoryConfig::default()
     };
-    let mut engine = Engine::new(model, cfg, RollbackKind::Fast);
+    let mut engine = Engine::new(model, cfg, RollbackKind::Replay);
     let mut plain = req.clone();
     plain.spec = specd_spec::SpecParams::default();
     let out = engine

@@ -1,6 +1,7 @@
 //! Speculation parameters, named after llama.cpp's flags so users can carry theirs over.
 
 use serde::{Deserialize, Serialize};
+pub use specd_memory::RollbackKind;
 
 /// Drafter families (llama.cpp `--spec-type` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,39 +55,6 @@ impl DrafterKind {
                 Self::parse(p).ok_or_else(|| format!("unknown speculative type '{}'", p.trim()))
             })
             .collect()
-    }
-}
-
-/// How rejected tokens are taken back out of recurrent state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum RollbackKind {
-    /// Re-run only the recurrence over cached per-token inputs (default).
-    #[default]
-    Fast,
-    /// Copy a per-token state snapshot.
-    Snapshot,
-    /// Checkpoint before verifying; on a partial accept restore and decode the accepted tokens
-    /// again through the whole model (llama.cpp's way; the baseline).
-    Checkpoint,
-}
-
-impl RollbackKind {
-    /// Parses `fast|snapshot|checkpoint`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "fast" | "replay" => RollbackKind::Fast,
-            "snapshot" => RollbackKind::Snapshot,
-            "checkpoint" => RollbackKind::Checkpoint,
-            _ => return None,
-        })
-    }
-    /// Name.
-    pub fn name(self) -> &'static str {
-        match self {
-            RollbackKind::Fast => "fast",
-            RollbackKind::Snapshot => "snapshot",
-            RollbackKind::Checkpoint => "checkpoint",
-        }
     }
 }
 

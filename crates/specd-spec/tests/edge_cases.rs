@@ -67,7 +67,7 @@ fn prompt() -> Vec<u32> {
 #[test]
 fn draft_is_capped_by_context_and_token_budget() {
     for rb in [
-        RollbackKind::Fast,
+        RollbackKind::Replay,
         RollbackKind::Snapshot,
         RollbackKind::Checkpoint,
     ] {
@@ -98,7 +98,7 @@ fn draft_is_capped_by_context_and_token_budget() {
 fn stop_string_inside_a_draft_ends_there() {
     let mut plain = SequenceRequest::greedy(prompt(), 40);
     plain.ignore_eos = true;
-    let base = generate(256, plain.clone(), RollbackKind::Fast);
+    let base = generate(256, plain.clone(), RollbackKind::Replay);
     // A stop string taken from the middle of the plain output.
     let cut = base
         .text
@@ -109,12 +109,12 @@ fn stop_string_inside_a_draft_ends_there() {
     let stop: String = base.text[cut..].chars().take(3).collect();
     let mut stopped = plain.clone();
     stopped.stop = vec![stop.clone()];
-    let expect = generate(256, stopped.clone(), RollbackKind::Fast);
+    let expect = generate(256, stopped.clone(), RollbackKind::Replay);
     assert_eq!(expect.reason, FinishReason::Stop);
     assert!(!expect.text.contains(&stop) && base.text.starts_with(&expect.text));
     let mut reference = prompt();
     reference.extend_from_slice(&base.tokens);
-    for rb in [RollbackKind::Fast, RollbackKind::Checkpoint] {
+    for rb in [RollbackKind::Replay, RollbackKind::Checkpoint] {
         let mut r = stopped.clone();
         (r.spec, r.reference) = synthetic(reference.clone(), 1.0, 12);
         let out = generate(256, r, rb);
@@ -138,7 +138,7 @@ fn end_of_generation_inside_a_draft_ends_there() {
     );
     let mut plain = SequenceRequest::greedy(prompt(), 60);
     plain.grammar = Some(schema);
-    let base = generate(256, plain.clone(), RollbackKind::Fast);
+    let base = generate(256, plain.clone(), RollbackKind::Replay);
     assert_eq!(base.reason, FinishReason::Eos, "{:?}", base.text);
     let eos = model().tokenizer().eos_id().unwrap();
     let mut reference = prompt();
@@ -147,7 +147,7 @@ fn end_of_generation_inside_a_draft_ends_there() {
     reference.extend([11, 12, 13, 14, 15]);
     let mut r = plain.clone();
     (r.spec, r.reference) = synthetic(reference, 1.0, 16);
-    let out = generate(256, r, RollbackKind::Fast);
+    let out = generate(256, r, RollbackKind::Replay);
     assert_eq!(
         (out.tokens, out.text, out.reason),
         (base.tokens, base.text, FinishReason::Eos)
@@ -163,8 +163,8 @@ fn a_refused_request_does_not_disturb_running_ones() {
         seed: 9,
         ..SamplerParams::default()
     };
-    let alone = generate(256, a.clone(), RollbackKind::Fast);
-    let mut e = Engine::new(model(), cfg(256, 4), RollbackKind::Fast);
+    let alone = generate(256, a.clone(), RollbackKind::Replay);
+    let mut e = Engine::new(model(), cfg(256, 4), RollbackKind::Replay);
     e.add(0, a).unwrap();
     let mut out = None;
     let mut step = 0;
@@ -201,7 +201,7 @@ fn no_leaks_after_thousands_of_rounds() {
     let m = model();
     let per_pos = m.memory_layout().kv_bytes_per_pos();
     for rb in [
-        RollbackKind::Fast,
+        RollbackKind::Replay,
         RollbackKind::Snapshot,
         RollbackKind::Checkpoint,
     ] {
@@ -265,7 +265,7 @@ fn no_leaks_after_thousands_of_rounds() {
 #[test]
 fn prompt_progress_per_chunk() {
     use specd_spec::PromptProgress;
-    let mut e = Engine::new(model(), cfg(512, 2), RollbackKind::Fast);
+    let mut e = Engine::new(model(), cfg(512, 2), RollbackKind::Replay);
     let p0: Vec<u32> = (0..100u32).map(|i| (i * 7 + 3) % 400).collect();
     let p1: Vec<u32> = (0..50u32).map(|i| (i * 11 + 1) % 400).collect();
     e.add(0, SequenceRequest::greedy(p0, 4)).unwrap();
@@ -301,12 +301,12 @@ fn ignore_eos_bans_end_of_generation_tokens() {
     // A bias pulling hard towards EOG ends the generation at once…
     let mut req = SequenceRequest::greedy(vec![5, 9, 14], 8);
     req.logit_bias = pull.clone();
-    let out = generate(64, req.clone(), RollbackKind::Fast);
+    let out = generate(64, req.clone(), RollbackKind::Replay);
     assert_eq!(out.reason, FinishReason::Eos);
     assert!(out.tokens.is_empty());
     // …but ignore_eos adds -inf to every EOG token (llama.cpp): they are never sampled.
     req.ignore_eos = true;
-    let out = generate(64, req, RollbackKind::Fast);
+    let out = generate(64, req, RollbackKind::Replay);
     assert_eq!(out.reason, FinishReason::Limit);
     assert_eq!(out.tokens.len(), 8);
     assert!(
@@ -337,8 +337,8 @@ fn a_prefill_stopped_for_a_client_that_left_resumes_the_others_exactly() {
         ..SpecParams::default()
     };
     for (spec, rb) in [
-        (SpecParams::default(), RollbackKind::Fast),
-        (ngram.clone(), RollbackKind::Fast),
+        (SpecParams::default(), RollbackKind::Replay),
+        (ngram.clone(), RollbackKind::Replay),
         (ngram, RollbackKind::Snapshot),
     ] {
         let req = || SequenceRequest {

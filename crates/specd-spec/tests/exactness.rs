@@ -277,7 +277,7 @@ proptest! {
         };
         // Only the Qwen3.5 family's files (dense, MoE, Qwen3-Next) have an MTP head.
         let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };
-        let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
+        let rollback = [RollbackKind::Replay, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;
         let base: Vec<SequenceRequest> = prompts
             .iter()
@@ -292,7 +292,7 @@ proptest! {
             })
             .collect();
         let kv = if f16_cache { KvType::F16 } else { KvType::F32 };
-        let plain = run_kv(model, base.clone(), RollbackKind::Fast, kv, false);
+        let plain = run_kv(model, base.clone(), RollbackKind::Replay, kv, false);
         let name = DRAFTERS[drafter];
         let mut spec = spec_for(name, n_max);
         spec.adaptive = adaptive;
@@ -323,7 +323,7 @@ fn always_right_drafts_are_all_accepted_and_always_wrong_none() {
     let prompt = vec![5u32, 9, 14, 3];
     let mut plain_req = SequenceRequest::greedy(prompt.clone(), 32);
     plain_req.ignore_eos = true;
-    let plain = run(&m.hybrid, vec![plain_req], RollbackKind::Fast);
+    let plain = run(&m.hybrid, vec![plain_req], RollbackKind::Replay);
     let mut reference = prompt.clone();
     reference.extend_from_slice(&plain[0]);
     for (rate, expect_all) in [(1.0f32, true), (0.0, false)] {
@@ -342,7 +342,7 @@ fn always_right_drafts_are_all_accepted_and_always_wrong_none() {
             max_seqs: 1,
             ..Default::default()
         };
-        let mut e = Engine::new(m.hybrid.clone(), cfg, RollbackKind::Fast);
+        let mut e = Engine::new(m.hybrid.clone(), cfg, RollbackKind::Replay);
         let out = e.generate(0, r).unwrap();
         assert_eq!(out.tokens, plain[0]);
         if expect_all {
@@ -372,7 +372,7 @@ fn logit_bias_and_post_sampling_probs_are_the_same_with_speculation() {
             max_seqs: 1,
             ..Default::default()
         };
-        let mut e = Engine::new(m.repetitive.clone(), cfg, RollbackKind::Fast);
+        let mut e = Engine::new(m.repetitive.clone(), cfg, RollbackKind::Replay);
         e.generate(0, r).unwrap()
     };
     let plain = run_one(SpecParams::default());
@@ -414,9 +414,9 @@ fn moe_mtp_heads_keep_speculation_exact() {
                     r
                 })
                 .collect();
-            let plain = run(model, base.clone(), RollbackKind::Fast);
+            let plain = run(model, base.clone(), RollbackKind::Replay);
             for rollback in [
-                RollbackKind::Fast,
+                RollbackKind::Replay,
                 RollbackKind::Snapshot,
                 RollbackKind::Checkpoint,
             ] {

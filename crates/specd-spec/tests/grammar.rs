@@ -55,7 +55,7 @@ fn run(m: &Arc<Model>, spec: SpecParams, sampler: SamplerParams) -> specd_spec::
         max_seqs: 1,
         ..Default::default()
     };
-    Engine::new(m.clone(), cfg, RollbackKind::Fast)
+    Engine::new(m.clone(), cfg, RollbackKind::Replay)
         .generate(0, r)
         .unwrap()
 }
@@ -118,7 +118,7 @@ fn invalid_grammar_is_refused_at_add() {
         max_seqs: 1,
         ..Default::default()
     };
-    let mut e = Engine::new(m.clone(), cfg, RollbackKind::Fast);
+    let mut e = Engine::new(m.clone(), cfg, RollbackKind::Replay);
     let mut r = SequenceRequest::greedy(vec![1, 2, 3], 8);
     r.grammar = Some(GrammarSpec::Gbnf("root ::= nowhere".into()));
     let err = e.add(0, r).unwrap_err().to_string();

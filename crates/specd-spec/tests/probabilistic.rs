@@ -160,7 +160,7 @@ fn model_drafters_sample_and_runs_repeat_for_a_seed() {
     let m = models();
     for drafter in [DrafterKind::DraftSimple, DrafterKind::DraftMtp] {
         for rb in [
-            RollbackKind::Fast,
+            RollbackKind::Replay,
             RollbackKind::Snapshot,
             RollbackKind::Checkpoint,
         ] {
@@ -187,7 +187,7 @@ fn model_drafters_sample_and_runs_repeat_for_a_seed() {
                     spec(drafter, VerifyKind::Probabilistic),
                     &m.draft,
                 ),
-                RollbackKind::Fast,
+                RollbackKind::Replay,
             )
         };
         assert_ne!(
@@ -217,7 +217,7 @@ fn a_draft_model_equal_to_the_target_is_always_accepted() {
             spec(DrafterKind::DraftSimple, VerifyKind::Probabilistic),
             &m.target,
         ),
-        RollbackKind::Fast,
+        RollbackKind::Replay,
     );
     check_stats(&out, "draft = target");
     assert_eq!(
@@ -232,7 +232,7 @@ fn the_adaptive_controller_works_with_probabilistic_rounds() {
     let m = models();
     let mut sp = spec(DrafterKind::DraftSimple, VerifyKind::Probabilistic);
     sp.adaptive = true;
-    let out = run_checked(request(sampling(3), sp, &m.draft), RollbackKind::Fast);
+    let out = run_checked(request(sampling(3), sp, &m.draft), RollbackKind::Replay);
     let s = &out.stats;
     assert!(s.accepted_tokens <= s.draft_tokens, "{s:?}");
     assert!(s.probabilistic_rounds <= s.drafts, "{s:?}");
@@ -242,7 +242,7 @@ fn the_adaptive_controller_works_with_probabilistic_rounds() {
 /// Plain decoding of the same request.
 fn plain(mut req: SequenceRequest) -> Vec<u32> {
     req.spec = SpecParams::default();
-    run_checked(req, RollbackKind::Fast).tokens
+    run_checked(req, RollbackKind::Replay).tokens
 }
 
 #[test]
@@ -251,7 +251,7 @@ fn rounds_it_does_not_apply_to_stay_exact() {
     // The default is exact: draft-model speculation reproduces plain decoding.
     for drafter in [DrafterKind::DraftSimple, DrafterKind::DraftMtp] {
         let req = request(sampling(21), spec(drafter, VerifyKind::Exact), &m.draft);
-        let out = run_checked(req.clone(), RollbackKind::Fast);
+        let out = run_checked(req.clone(), RollbackKind::Replay);
         assert_eq!(out.tokens, plain(req), "{}", drafter.name());
         assert_eq!(out.stats.probabilistic_rounds, 0);
         assert!(out.stats.drafts > 0);
@@ -279,7 +279,7 @@ fn rounds_it_does_not_apply_to_stay_exact() {
     for (name, sampler, drafter, grammar) in cases {
         let mut req = request(sampler, spec(drafter, VerifyKind::Probabilistic), &m.draft);
         req.grammar = grammar;
-        let out = run_checked(req.clone(), RollbackKind::Fast);
+        let out = run_checked(req.clone(), RollbackKind::Replay);
         assert_eq!(out.stats.probabilistic_rounds, 0, "{name}");
         assert_eq!(out.tokens, plain(req), "{name}");
     }
@@ -301,7 +301,7 @@ fn banned_tokens_never_come_under_rejection_sampling() {
             &m.draft,
         );
         req.logit_bias = banned.iter().map(|&t| (t, f32::NEG_INFINITY)).collect();
-        let out = run_checked(req, RollbackKind::Fast);
+        let out = run_checked(req, RollbackKind::Replay);
         check_stats(&out, drafter.name());
         assert!(
             out.tokens.iter().all(|t| !banned.contains(t)),

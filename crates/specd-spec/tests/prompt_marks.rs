@@ -36,7 +36,7 @@ fn model() -> Arc<Model> {
 }
 
 fn engine(reuse: bool) -> Engine {
-    engine_with(reuse, RollbackKind::Fast)
+    engine_with(reuse, RollbackKind::Replay)
 }
 
 fn engine_with(reuse: bool, rollback: RollbackKind) -> Engine {
@@ -169,7 +169,7 @@ proptest! {
         let mut fresh = engine(false);
         let want = fresh.generate(0, request(&second)).unwrap();
 
-        let rollback = [RollbackKind::Fast, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
+        let rollback = [RollbackKind::Replay, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let mut e = engine_with(true, rollback);
         let mut r = request(&first);
         r.checkpoints = vec![mark];

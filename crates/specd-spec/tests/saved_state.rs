@@ -31,7 +31,7 @@ fn engine(model: &Arc<Model>, kv: KvType) -> Engine {
         kv_type_v: kv,
         ..Default::default()
     };
-    let mut e = Engine::new(model.clone(), cfg, RollbackKind::Fast);
+    let mut e = Engine::new(model.clone(), cfg, RollbackKind::Replay);
     e.set_prompt_cache(true, 4);
     e
 }

@@ -5,7 +5,7 @@
 pub mod rollback;
 
 use crate::MemoryLayout;
-use rollback::{LayerRecord, RollbackMode};
+use rollback::{LayerRecord, RollbackKind};
 use specd_ops::conv::{causal_conv_silu, window};
 use specd_ops::delta_net::{gated_delta_rule, prepare_inputs, GdnGates};
 use specd_ops::scratch::Buf;
@@ -67,7 +67,7 @@ pub struct GdnLayerIo<'a> {
     /// Tokens of the batch before the rollback window (their state is not recorded).
     pub(crate) split: usize,
     pub(crate) layout: MemoryLayout,
-    pub(crate) mode: RollbackMode,
+    pub(crate) mode: RollbackKind,
 }
 
 impl GdnLayerIo<'_> {

@@ -2,45 +2,67 @@
 //!
 //! Two mechanisms (docs/speculative.md §4), selectable so they can be measured against each other:
 //!
-//! * [`RollbackMode::Replay`] (default): the batch cached, per token and layer, the inputs of the
+//! * [`RollbackKind::Replay`] (default): the batch cached, per token and layer, the inputs of the
 //!   recurrence (conv inputs; q, k, v, decay, beta). Rolling back to `keep` tokens re-runs only the
 //!   recurrence from the untouched pre-batch state over the first `keep` cached tokens — no
 //!   weights are read. ~12 K floats per token per layer at 0.8B shape.
-//! * [`RollbackMode::Snapshot`]: the batch stored the full state after every token; rolling back
+//! * [`RollbackKind::Snapshot`]: the batch stored the full state after every token; rolling back
 //!   copies snapshot `keep − 1`. Costs a full state (~1 MiB per layer at 0.8B) per token.
 //!
 //! Both give state bit-identical to never having decoded the rejected tokens, because the replay
 //! runs the same kernel in the same order and a snapshot is that very state.
-//! [`RollbackMode::None`] records nothing (checkpoint-and-redecode only, the baseline).
+//! [`RollbackKind::Checkpoint`] records nothing (checkpoint-and-redecode only, the baseline).
 
 use crate::recurrent::RecLayer;
 use crate::MemoryLayout;
 use specd_ops::conv::window;
 use specd_ops::delta_net::{gated_delta_rule, GdnInputsOwned};
 
-/// How recurrent state is rolled back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RollbackMode {
-    /// Re-run the recurrence over cached per-token inputs.
+/// How rejected tokens are taken back out of recurrent state: the one name for it, from the
+/// command line (`--spec-rollback`) to the records the memory keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum RollbackKind {
+    /// Re-run only the recurrence over the batch's cached per-token inputs (default).
     #[default]
     Replay,
     /// Copy a per-token state snapshot.
     Snapshot,
-    /// Keep nothing: the caller must use checkpoints.
-    None,
+    /// Keep no records: a checkpoint is taken before verifying and, on a partial accept,
+    /// restored and the accepted tokens decoded again through the whole model (llama.cpp's way;
+    /// the baseline).
+    Checkpoint,
 }
 
-impl RollbackMode {
+impl RollbackKind {
+    /// Parses `replay|snapshot|checkpoint` (`fast`: the earlier name of `replay`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "replay" | "fast" => RollbackKind::Replay,
+            "snapshot" => RollbackKind::Snapshot,
+            "checkpoint" => RollbackKind::Checkpoint,
+            _ => return None,
+        })
+    }
+
+    /// The name `parse` reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            RollbackKind::Replay => "replay",
+            RollbackKind::Snapshot => "snapshot",
+            RollbackKind::Checkpoint => "checkpoint",
+        }
+    }
+
     /// Bytes a record needs per token and recurrent layer.
     pub fn bytes_per_token_layer(self, lay: &MemoryLayout) -> usize {
         let g = lay.gdn;
         let hist = lay.conv_kernel - 1;
         match self {
-            RollbackMode::Replay => {
+            RollbackKind::Replay => {
                 4 * (lay.conv_channels + 2 * g.n_k * g.d_k + g.n_v * g.d_v + 2 * g.n_v)
             }
-            RollbackMode::Snapshot => 4 * (hist * lay.conv_channels + g.state_len()),
-            RollbackMode::None => 0,
+            RollbackKind::Snapshot => 4 * (hist * lay.conv_channels + g.state_len()),
+            RollbackKind::Checkpoint => 0,
         }
     }
 }
@@ -65,11 +87,11 @@ impl LayerRecord {
     /// Where the kernel should write per-token snapshots (Snapshot mode only).
     pub(crate) fn snapshot_target(
         &mut self,
-        mode: RollbackMode,
+        mode: RollbackKind,
         n: usize,
         lay: &MemoryLayout,
     ) -> Option<(&mut [f32], usize)> {
-        if mode != RollbackMode::Snapshot {
+        if mode != RollbackKind::Snapshot {
             return None;
         }
         self.ssm_snaps.resize(n * lay.gdn.state_len(), 0.0);
@@ -80,7 +102,7 @@ impl LayerRecord {
     /// window), the pre-batch conv state, and the window's conv inputs and recurrence inputs.
     pub(crate) fn finish(
         &mut self,
-        mode: RollbackMode,
+        mode: RollbackKind,
         lay: &MemoryLayout,
         base: Option<(Vec<f32>, Vec<f32>)>,
         pre_conv: &[f32],
@@ -90,13 +112,13 @@ impl LayerRecord {
         let (hist, c) = (lay.conv_kernel - 1, lay.conv_channels);
         let n = mixed.len() / c;
         match mode {
-            RollbackMode::Replay => {
+            RollbackKind::Replay => {
                 // Into the record's own buffer: no allocation once it has held a batch this wide.
                 self.mixed.clear();
                 self.mixed.extend_from_slice(mixed);
                 self.inputs = inputs;
             }
-            RollbackMode::Snapshot => {
+            RollbackKind::Snapshot => {
                 let start = base.as_ref().map_or(pre_conv, |b| &b.0);
                 self.conv_snaps.resize(n * hist * c, 0.0);
                 for t in 0..n {
@@ -110,7 +132,7 @@ impl LayerRecord {
                     );
                 }
             }
-            RollbackMode::None => {}
+            RollbackKind::Checkpoint => {}
         }
         self.base = base;
     }
@@ -132,7 +154,7 @@ impl LayerRecord {
         &mut self,
         layer: &mut RecLayer,
         keep: usize,
-        mode: RollbackMode,
+        mode: RollbackKind,
         lay: &MemoryLayout,
     ) {
         let (hist, c) = (lay.conv_kernel - 1, lay.conv_channels);
@@ -154,7 +176,7 @@ impl LayerRecord {
                 None => (pre_conv, pre_ssm),
             };
             match mode {
-                RollbackMode::Replay => {
+                RollbackKind::Replay => {
                     gated_delta_rule(
                         shape,
                         bssm,
@@ -167,7 +189,7 @@ impl LayerRecord {
                     self.mixed.truncate(keep * c);
                     self.inputs.truncate(shape, keep);
                 }
-                RollbackMode::Snapshot => {
+                RollbackKind::Snapshot => {
                     let sl = shape.state_len();
                     post_ssm.copy_from_slice(&self.ssm_snaps[(keep - 1) * sl..keep * sl]);
                     post_conv
@@ -175,7 +197,7 @@ impl LayerRecord {
                     self.ssm_snaps.truncate(keep * sl);
                     self.conv_snaps.truncate(keep * hist * c);
                 }
-                RollbackMode::None => {}
+                RollbackKind::Checkpoint => {}
             }
         }
         self.base = base;

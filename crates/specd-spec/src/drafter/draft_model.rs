@@ -6,7 +6,7 @@
 
 use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
-use specd_memory::{Memory, MemoryConfig, RollbackMode};
+use specd_memory::{Memory, MemoryConfig, RollbackKind};
 use specd_models::{Batch, DecodeOutput, Model};
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ impl DraftModel {
         let mem = model.new_memory(MemoryConfig {
             n_ctx,
             max_seqs: 1,
-            rollback: RollbackMode::None,
+            rollback: RollbackKind::Checkpoint,
             checkpoint_budget: usize::MAX,
             ..Default::default()
         });

@@ -10,7 +10,7 @@
 
 use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
-use specd_memory::{Memory, MemoryConfig, RollbackMode};
+use specd_memory::{Memory, MemoryConfig, RollbackKind};
 use specd_models::Model;
 use std::sync::Arc;
 
@@ -45,7 +45,7 @@ impl MtpDrafter {
         let mem = model.new_mtp_memory(MemoryConfig {
             n_ctx,
             max_seqs: 1,
-            rollback: RollbackMode::None,
+            rollback: RollbackKind::Checkpoint,
             ..Default::default()
         })?;
         let n_embd = model.config().n_embd;

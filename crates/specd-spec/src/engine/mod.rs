@@ -27,7 +27,7 @@ use crate::reuse::{PromptReuse, RamCacheStats};
 use crate::stats::SpecStats;
 use crate::SpecError;
 use request::token_probs;
-use specd_memory::{Memory, MemoryConfig, RollbackMode, SeqId};
+use specd_memory::{Memory, MemoryConfig, SeqId};
 use specd_models::{Batch, DecodeOutput, Model};
 use specd_output::TextStage;
 use specd_sampling::{GrammarVocab, Sampler, SamplerParams};
@@ -147,11 +147,7 @@ impl Engine {
     /// An engine over `model` with a memory for `mem_cfg.max_seqs` sequences. `rollback` picks
     /// how recurrent state is taken back after rejected drafts.
     pub fn new(model: Arc<Model>, mut mem_cfg: MemoryConfig, rollback: RollbackKind) -> Self {
-        mem_cfg.rollback = match rollback {
-            RollbackKind::Fast => RollbackMode::Replay,
-            RollbackKind::Snapshot => RollbackMode::Snapshot,
-            RollbackKind::Checkpoint => RollbackMode::None,
-        };
+        mem_cfg.rollback = rollback;
         let mem = model.new_memory(mem_cfg);
         let cost = if !model.memory_layout().is_hybrid() {
             CostModel::default()
