@@ -24,7 +24,9 @@ import json
 import os
 from xml.sax.saxutils import escape
 
-COLORS = {"specd fast": "#1f77b4", "specd checkpoint": "#7fb3e0", "llama.cpp": "#d62728"}
+# "specd fast" is the replay rollback under its earlier name (the committed JSON's).
+COLORS = {"specd fast": "#1f77b4", "specd replay": "#1f77b4", "specd checkpoint": "#7fb3e0",
+          "llama.cpp": "#d62728"}
 FILE_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
 
 
