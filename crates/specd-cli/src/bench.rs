@@ -310,7 +310,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
             let t0 = Instant::now();
             model.decode_into(mem, &rows, &mut out)?;
             *best = best.min(t0.elapsed().as_secs_f64() * 1e3);
-            model.install(|| mem.rollback(0, w))?;
+            model.rollback(mem, 0, w)?;
         }
         pb.inc(1);
     }

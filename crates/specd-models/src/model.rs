@@ -8,7 +8,7 @@ use crate::layers::{gather, SeqRows};
 use crate::weights::Loader;
 use crate::ModelError;
 use specd_gguf::GgufFile;
-use specd_memory::{Memory, MemoryConfig, MemoryLayout};
+use specd_memory::{Memory, MemoryConfig, MemoryLayout, SeqId};
 use specd_ops::delta_net::GdnShape;
 use specd_ops::norm::rms_norm_rows;
 use specd_ops::rope::Rope;
@@ -525,5 +525,18 @@ impl Model {
     /// Runs `f` inside this model's compute pool.
     pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {
         self.pool.install(f)
+    }
+
+    /// Removes the last `n` tokens of `seq` from `mem` ([`Memory::rollback`]) on this model's
+    /// threads: the replayed recurrence is parallel over heads, and called from outside the
+    /// pool every layer's kernel would go to rayon's global pool — other threads, woken and put
+    /// to sleep many times a round, competing with the model's spinning ones.
+    pub fn rollback(
+        &self,
+        mem: &mut Memory,
+        seq: SeqId,
+        n: usize,
+    ) -> Result<(), specd_memory::MemoryError> {
+        self.install(|| mem.rollback(seq, n))
     }
 }

@@ -37,15 +37,7 @@ pub fn rollback_rejected(
     let reject = fed.len() - keep;
     let mut done = RolledBack::Nothing;
     if reject > 0 {
-        let fast = if checkpoint.is_none() {
-            // The replayed recurrence is parallel over heads: run it on the model's threads.
-            // Called from outside that pool, every layer's kernel went to rayon's global pool —
-            // other threads, woken and put to sleep 18 times a round, competing with the
-            // model's spinning ones: 0.3 of a step per verified draft at 0.8B shape.
-            model.install(|| mem.rollback(seq, reject)).is_ok()
-        } else {
-            false
-        };
+        let fast = checkpoint.is_none() && model.rollback(mem, seq, reject).is_ok();
         if fast {
             stats.rollbacks_fast += 1;
             done = RolledBack::Fast;

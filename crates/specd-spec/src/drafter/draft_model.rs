@@ -125,11 +125,7 @@ impl Drafter for DraftModel {
         if n_fed_drafts > 0 {
             match cp {
                 Some(id) => self.mem.restore(SEQ, id)?,
-                // On the model's threads (see `rollback_rejected`).
-                None => {
-                    let mem = &mut self.mem;
-                    self.model.install(|| mem.rollback(SEQ, n_fed_drafts))?
-                }
+                None => self.model.rollback(&mut self.mem, SEQ, n_fed_drafts)?,
             }
         }
         if let Some(id) = cp {
