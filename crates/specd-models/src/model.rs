@@ -531,6 +531,9 @@ impl Model {
     /// threads: the replayed recurrence is parallel over heads, and called from outside the
     /// pool every layer's kernel would go to rayon's global pool — other threads, woken and put
     /// to sleep many times a round, competing with the model's spinning ones.
+    // Out of line: inlined, it moved the decode path's code enough to cost pp128 2–8 % in
+    // alternated A/B runs (BENCHMARKS.md, "Engine restructuring").
+    #[inline(never)]
     pub fn rollback(
         &self,
         mem: &mut Memory,
