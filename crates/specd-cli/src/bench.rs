@@ -5,17 +5,17 @@
 
 mod server_load;
 
-use crate::generate::{ModelArgs, SamplingArgs};
+use crate::generate::{cpu_backend, ModelArgs, SamplingArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use specd_memory::MemoryConfig;
-use specd_models::{Batch, DecodeOutput, Model};
+use specd_backend::{Backend, Batch, Context as BackendContext, MemoryConfig, Output};
 use specd_spec::{
     DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, SpecStats, VerifyKind,
 };
 use specd_tokenizer::{ChatMessage, ChatTemplate};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -228,7 +228,7 @@ fn bar(n: usize, msg: &str) -> ProgressBar {
 }
 
 /// llama-bench style: pp = one batch of n_prompt tokens; tg = n_gen single-token decodes.
-fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
+fn speed(model: &dyn Backend, a: &BenchArgs) -> Result<SpeedResult> {
     let mut widths_list = a.widths.clone();
     widths_list.push(1);
     widths_list.sort_unstable();
@@ -247,7 +247,7 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     if a.width_rounds == 0 {
         bail!("--width-rounds must be at least 1");
     }
-    let n_vocab = model.config().n_vocab as u32;
+    let n_vocab = model.info().n_vocab as u32;
     let cfg = MemoryConfig {
         // The width test rolls every batch back, so it needs depth + the widest batch, and a
         // rollback record that covers the widest batch.
@@ -266,27 +266,24 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     let mut tg = Vec::new();
     // Steps decode into one output, as the engine's rounds do: its logits buffer (megabytes for
     // a verification batch) is allocated once, not zeroed again every step.
-    let mut out = DecodeOutput::default();
+    let mut out = model.new_context(cfg.clone())?.new_output();
     for _ in 0..a.reps {
-        let mut mem = model.new_memory(cfg.clone());
+        let mut ctx = model.new_context(cfg.clone())?;
         let t0 = Instant::now();
-        model.decode(
-            &mut mem,
-            &Batch::from_tokens(&toks[..a.n_prompt], 0, 0, false),
-        )?;
+        ctx.decode_new(&Batch::from_tokens(&toks[..a.n_prompt], 0, 0, false))?;
         pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
-        let mut mem = model.new_memory(cfg.clone());
-        model.decode_into(
-            &mut mem,
+        let mut ctx = model.new_context(cfg.clone())?;
+        decode(
+            ctx.as_mut(),
             &Batch::from_tokens(&toks[..1], 0, 0, true),
-            &mut out,
+            out.as_mut(),
         )?;
         let t0 = Instant::now();
         for i in 1..=a.n_gen {
             let t = (i as u32 * 104_729) % n_vocab;
             let b = Batch::from_tokens(&[t], i as u32, 0, true);
-            model.decode_into(&mut mem, &b, &mut out)?;
+            decode(ctx.as_mut(), &b, out.as_mut())?;
         }
         tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
         pb.inc(1);
@@ -297,20 +294,20 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
     // runs at the same depth.
     let mut mems = Vec::new();
     for _ in &widths_list {
-        let mut mem = model.new_memory(cfg.clone());
+        let mut ctx = model.new_context(cfg.clone())?;
         for (i, c) in toks[..depth].chunks(512).enumerate() {
-            model.decode(&mut mem, &Batch::from_tokens(c, (i * 512) as u32, 0, false))?;
+            ctx.decode_new(&Batch::from_tokens(c, (i * 512) as u32, 0, false))?;
         }
-        mems.push(mem);
+        mems.push(ctx);
     }
     let mut best = vec![f64::INFINITY; widths_list.len()];
     for _ in 0..a.width_rounds {
         for ((&w, mem), best) in widths_list.iter().zip(&mut mems).zip(&mut best) {
             let rows = Batch::from_tokens(&toks[depth..depth + w], depth as u32, 0, true);
             let t0 = Instant::now();
-            model.decode_into(mem, &rows, &mut out)?;
+            decode(mem.as_mut(), &rows, out.as_mut())?;
             *best = best.min(t0.elapsed().as_secs_f64() * 1e3);
-            model.rollback(mem, 0, w)?;
+            mem.rollback(0, w)?;
         }
         pb.inc(1);
     }
@@ -325,6 +322,12 @@ fn speed(model: &Arc<Model>, a: &BenchArgs) -> Result<SpeedResult> {
         width_rounds: a.width_rounds,
         verify_ms_by_width: widths,
     })
+}
+
+/// Decodes all of `batch` into `out`.
+fn decode(ctx: &mut dyn BackendContext, batch: &Batch, out: &mut dyn Output) -> Result<()> {
+    ctx.decode(batch, out, &mut |_| ControlFlow::Continue(()))?;
+    Ok(())
 }
 
 /// The benchmark prompts: single-turn messages, and the multi-turn conversation as one chain.
@@ -392,12 +395,12 @@ fn keep_fastest(slot: &mut Option<RunResult>, r: RunResult) {
 }
 
 fn run_workload(
-    model: &Arc<Model>,
+    model: &Arc<dyn Backend>,
     w: &Workload,
     a: &BenchArgs,
     spec: &SpecParams,
     rollback: RollbackKind,
-    draft: Option<Arc<Model>>,
+    draft: Option<Arc<dyn Backend>>,
     references: &mut Vec<Vec<u32>>,
 ) -> Result<RunResult> {
     let tmpl = model
@@ -439,7 +442,7 @@ fn run_workload(
         if spec.drafters.contains(&DrafterKind::Synthetic) {
             req.reference = references.get(ti).cloned().map(Arc::new);
         }
-        let mut engine = Engine::new(model.clone(), cfg.clone(), rollback);
+        let mut engine = Engine::new(model.clone(), cfg.clone(), rollback)?;
         let t0 = Instant::now();
         let out = engine.generate(0, req)?;
         res.secs += t0.elapsed().as_secs_f64() - out.prompt_secs;
@@ -505,14 +508,15 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     }
     let verify = VerifyKind::parse(&a.verify)
         .with_context(|| format!("unknown verification '{}' (exact, probabilistic)", a.verify))?;
-    let model = a.model.load()?;
+    let cpu = a.model.load()?;
+    let model = cpu_backend(&cpu);
     let mut rep = Report {
         model: a
             .model
             .model
             .as_ref()
             .map_or("demo".into(), |p| p.display().to_string()),
-        threads: model.n_threads(),
+        threads: cpu.n_threads(),
         kernels: specd_ops::isa().name().into(),
         verify: a.verify.clone(),
         ..Default::default()
@@ -523,16 +527,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         a.mode.split(',').collect()
     };
     let draft = match &a.model_draft {
-        Some(p) => Some(Arc::new(
-            Model::load(
-                p,
-                specd_models::ModelOptions {
-                    n_threads: a.model.threads,
-                    n_ubatch: a.model.batch_size,
-                },
-            )?
-            .share_threads(&model),
-        )),
+        Some(p) => Some(a.model.load_draft(p, &cpu)?),
         None => None,
     };
     let rollbacks: Vec<RollbackKind> = a
@@ -542,7 +537,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     for m in &modes {
         match *m {
-            "speed" => rep.speed = Some(speed(&model, &a)?),
+            "speed" => rep.speed = Some(speed(model.as_ref(), &a)?),
             "spec" | "synth" => {}
             other => bail!("unknown bench mode '{other}' (speed, spec, synth, all)"),
         }

@@ -4,12 +4,14 @@ use crate::demo::demo_model_path;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use specd_backend::Backend;
 use specd_memory::{KvType, MemoryConfig};
-use specd_models::{Model, ModelOptions};
+use specd_models::{CpuBackend, Model, ModelOptions};
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, VerifyKind};
 use specd_tokenizer::ChatMessage;
 use std::io::Write;
+use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -61,6 +63,22 @@ impl ModelArgs {
         eprintln!("specd: {}", m.weights_summary());
         Ok(Arc::new(m))
     }
+    /// Loads a draft model on the target's compute threads (they never compute at once).
+    pub fn load_draft(&self, path: &Path, target: &Model) -> Result<Arc<dyn Backend>> {
+        let opts = ModelOptions {
+            n_threads: self.threads,
+            n_ubatch: self.batch_size,
+        };
+        let m = Model::load(path, opts)
+            .with_context(|| format!("loading {}", path.display()))?
+            .share_threads(target);
+        Ok(cpu_backend(&Arc::new(m)))
+    }
+}
+
+/// A model loaded here on the backend that runs it: the CPU's (the one backend so far).
+pub fn cpu_backend(model: &Arc<Model>) -> Arc<dyn Backend> {
+    Arc::new(CpuBackend::new(model.clone()))
 }
 
 /// Sampling flags (llama.cpp names).
@@ -341,7 +359,8 @@ impl GrammarArgs {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let model = a.model.load()?;
+    let cpu = a.model.load()?;
+    let model = cpu_backend(&cpu);
     let tok = model.tokenizer();
     let prompt_text = if a.chat {
         let tmpl = tok
@@ -367,7 +386,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty (give -p TEXT or --prompt-tokens)");
     }
-    let spec = a.spec.params(model.has_mtp())?;
+    let spec = a.spec.params(model.info().has_mtp)?;
     let mem_cfg = MemoryConfig {
         n_ctx: a.model.ctx_size,
         max_seqs: 1,
@@ -396,19 +415,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         prompt_logprobs: None,
     };
     if let Some(p) = &a.spec.model_draft {
-        let opts = ModelOptions {
-            n_threads: a.model.threads,
-            n_ubatch: a.model.batch_size,
-        };
-        req.draft_model = Some(Arc::new(
-            Model::load(p, opts)
-                .with_context(|| format!("loading {}", p.display()))?
-                .share_threads(&model),
-        ));
+        req.draft_model = Some(a.model.load_draft(p, &cpu)?);
     }
     if spec.drafters.contains(&specd_spec::DrafterKind::Synthetic) {
         // The synthetic drafter needs the true continuation: run plain decoding first.
-        let mut plain = Engine::new(model.clone(), mem_cfg.clone(), RollbackKind::Replay);
+        let mut plain = Engine::new(model.clone(), mem_cfg.clone(), RollbackKind::Replay)?;
         let mut r = req.clone();
         r.spec = SpecParams::default();
         let out = plain.generate(0, r)?;
@@ -416,7 +427,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         reference.extend_from_slice(&out.tokens);
         req.reference = Some(Arc::new(reference));
     }
-    let mut engine = Engine::new(model.clone(), mem_cfg, a.spec.rollback()?);
+    let mut engine = Engine::new(model.clone(), mem_cfg, a.spec.rollback()?)?;
     if a.json {
         let out = engine.generate(0, req)?;
         let v = json!({

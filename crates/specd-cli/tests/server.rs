@@ -43,6 +43,13 @@ fn info_endpoints() {
         "{held} vs {file}"
     );
     assert_eq!(m["data"][0]["meta"]["size"], file);
+    // The backend that runs the model and what it holds there.
+    assert_eq!(p["specd"]["device"]["backend"], "cpu");
+    assert_eq!(p["specd"]["device"]["weight_bytes"], held);
+    assert!(p["specd"]["device"]["name"]
+        .as_str()
+        .unwrap()
+        .starts_with("CPU"));
     assert_eq!(p["default_generation_settings"]["n_ctx"], 128);
     assert!(p["chat_template"].as_str().unwrap().contains("im_start"));
 

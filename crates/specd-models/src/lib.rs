@@ -1,4 +1,5 @@
-//! Model architectures and the batched decode API.
+//! The CPU backend: model architectures, their batched forward pass on the CPU kernels, and
+//! the seam's interfaces over them ([`backend`]).
 //!
 //! * [`config`]: the hyper-parameters every architecture shares, read from GGUF metadata.
 //! * [`arch`]: one module per architecture (qwen35, qwen35moe, llama, qwen3): its own
@@ -11,17 +12,20 @@
 //!   (token, position, sequence, wants-logits) from several sequences → logits for chosen rows.
 
 pub mod arch;
-pub mod batch;
+pub mod backend;
 pub mod config;
 pub mod iq3s_q4k;
 pub mod layers;
 pub mod model;
+pub mod output;
 pub mod vocab;
 pub mod weights;
 
-pub use batch::{Batch, BatchRow, DecodeOutput};
+pub use backend::{CpuBackend, CpuContext};
 pub use config::{Arch, LayerKind, ModelConfig};
 pub use model::{Model, ModelOptions};
+pub use output::{DecodeOutput, HostHidden};
+pub use specd_backend::{Batch, BatchRow};
 pub use specd_memory::{KvType, Memory, MemoryConfig, RollbackKind, SeqId};
 
 /// Errors while loading or running a model.

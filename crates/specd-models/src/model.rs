@@ -1,12 +1,13 @@
 //! [`Model`]: loading a GGUF file and the batched forward pass.
 
 use crate::arch::Trunk;
-use crate::batch::{Batch, DecodeOutput};
 use crate::config::ModelConfig;
 use crate::layers::mtp::Mtp;
 use crate::layers::{gather, SeqRows};
+use crate::output::DecodeOutput;
 use crate::weights::Loader;
 use crate::ModelError;
+use specd_backend::{Batch, BatchRow};
 use specd_gguf::GgufFile;
 use specd_memory::{Memory, MemoryConfig, MemoryLayout, SeqId};
 use specd_ops::delta_net::GdnShape;
@@ -216,7 +217,7 @@ impl Model {
         on_chunk: &mut dyn FnMut(usize) -> ControlFlow<()>,
     ) -> Result<DecodeOutput, ModelError> {
         let mut out = DecodeOutput::default();
-        self.run_chunks(mem, batch, &mut out, on_chunk)?;
+        self.decode_chunks(mem, batch, &mut out, on_chunk)?;
         Ok(out)
     }
 
@@ -230,31 +231,34 @@ impl Model {
         batch: &Batch,
         out: &mut DecodeOutput,
     ) -> Result<(), ModelError> {
-        self.run_chunks(mem, batch, out, &mut |_| ControlFlow::Continue(()))
+        self.decode_chunks(mem, batch, out, &mut |_| ControlFlow::Continue(()))
+            .map(|_| ())
     }
 
-    fn run_chunks(
+    /// [`Model::decode_into`] with [`Model::decode_with`]'s `on_chunk`; returns the rows
+    /// decoded.
+    pub fn decode_chunks(
         &self,
         mem: &mut Memory,
         batch: &Batch,
         out: &mut DecodeOutput,
         on_chunk: &mut dyn FnMut(usize) -> ControlFlow<()>,
-    ) -> Result<(), ModelError> {
-        out.rows.clear();
-        out.hidden.clear();
-        out.n_vocab = self.cfg.n_vocab;
-        out.n_embd = self.cfg.n_embd;
+    ) -> Result<usize, ModelError> {
+        out.reset(self.cfg.n_vocab, self.cfg.n_embd);
         self.validate(mem, batch)?;
         let ub = self.opts.n_ubatch;
+        let mut done = batch.rows.len();
         for start in (0..batch.rows.len()).step_by(ub) {
             let end = (start + ub).min(batch.rows.len());
             self.pool
                 .install(|| self.forward(mem, batch, start, end, out))?;
             if on_chunk(end).is_break() {
+                done = end;
                 break;
             }
         }
-        Ok(())
+        out.finish(batch.want_hidden);
+        Ok(done)
     }
 
     fn validate(&self, mem: &Memory, batch: &Batch) -> Result<(), ModelError> {
@@ -389,7 +393,7 @@ impl Model {
     fn run_trunk(
         &self,
         mem: &mut Memory,
-        rows: &[crate::BatchRow],
+        rows: &[BatchRow],
         groups: &[SeqRows],
     ) -> Result<Vec<f32>, ModelError> {
         let mut x = self.embed(rows.iter().map(|r| r.token));
@@ -531,8 +535,8 @@ impl Model {
     /// threads: the replayed recurrence is parallel over heads, and called from outside the
     /// pool every layer's kernel would go to rayon's global pool — other threads, woken and put
     /// to sleep many times a round, competing with the model's spinning ones.
-    // Out of line: inlined, it moved the decode path's code enough to cost pp128 2–8 % in
-    // alternated A/B runs (BENCHMARKS.md, "Engine restructuring").
+    // Out of line: inlined into its callers, it moved the decode path's code enough to slow
+    // prompt processing measurably (the A/B runs are in commit 3901648's message).
     #[inline(never)]
     pub fn rollback(
         &self,

@@ -23,7 +23,7 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
 /// `GET /v1/models` (also `/models`): the one loaded model, as llama-server lists it — in
 /// OpenAI's `data` and in Ollama's `models` shape.
 pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
-    let c = st.model.config();
+    let c = st.model.info();
     let name = &st.cfg.model_id;
     Json(json!({
         "models": [{
@@ -61,10 +61,10 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
                 "n_ctx": st.cfg.n_ctx_slot,
                 "n_ctx_train": c.n_ctx_train,
                 "n_embd": c.n_embd,
-                "n_params": st.model.n_params(),
-                "size": st.model.file_weight_bytes(),
-                "ftype": st.model.file_type(),
-                "arch": c.arch.name(),
+                "n_params": st.model.info().n_params,
+                "size": st.model.info().file_weight_bytes,
+                "ftype": st.model.info().file_type,
+                "arch": c.arch,
             },
         }],
     }))
@@ -106,9 +106,14 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "build_info": format!("specd {}", env!("CARGO_PKG_VERSION")),
         "is_sleeping": snap.sleeping,
         "specd": {
-            "arch": st.model.config().arch.name(),
-            "weight_bytes": st.model.weight_bytes(),
-            "file_weight_bytes": st.model.file_weight_bytes(),
+            "arch": st.model.info().arch.as_str(),
+            "weight_bytes": st.model.device().weight_bytes,
+            "file_weight_bytes": st.model.info().file_weight_bytes,
+            "device": {
+                "backend": st.model.device().backend,
+                "name": st.model.device().name,
+                "weight_bytes": st.model.device().weight_bytes,
+            },
             "n_ctx_slot": st.cfg.n_ctx_slot,
             "kv_unified": st.cfg.kv_unified,
             "rollback": st.cfg.rollback.name(),

@@ -43,8 +43,8 @@ use axum::Router;
 use error::{ApiError, ErrorKind};
 use params::Defaults;
 use scheduler::Scheduler;
-use specd_memory::{KvType, MemoryConfig};
-use specd_models::Model;
+use specd_backend::Backend;
+use specd_backend::{KvType, MemoryConfig};
 use specd_spec::RollbackKind;
 use specd_tokenizer::ChatTemplate;
 use std::sync::Arc;
@@ -111,7 +111,7 @@ pub struct ServerConfig {
     /// [`scheduler::PromptCache::free_idle_slots`].
     pub cache_idle_slots: bool,
     /// Draft model for `draft-simple`.
-    pub draft_model: Option<Arc<Model>>,
+    pub draft_model: Option<Arc<dyn Backend>>,
     /// Log each request; responses carry `__verbose` unless a request says `"verbose": false`.
     pub verbose: bool,
     /// A final assistant message is continued, not answered (`--no-prefill-assistant`: off).
@@ -147,7 +147,7 @@ impl ServerConfig {
 /// Shared state of the HTTP handlers.
 pub struct AppState {
     pub cfg: ServerConfig,
-    pub model: Arc<Model>,
+    pub model: Arc<dyn Backend>,
     pub template: ChatTemplate,
     pub sched: Scheduler,
     /// Unix time the server started (`created` of `/v1/models`).
@@ -166,7 +166,7 @@ pub struct AppState {
 
 impl AppState {
     /// Starts the engine thread and compiles the chat template.
-    pub fn new(cfg: ServerConfig, model: Arc<Model>) -> Result<Arc<Self>, String> {
+    pub fn new(cfg: ServerConfig, model: Arc<dyn Backend>) -> Result<Arc<Self>, String> {
         let tok = model.tokenizer();
         let bos = tok
             .bos_id()

@@ -445,13 +445,13 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "specd:weight_bytes",
         g,
         "Bytes of model weights held for the kernels (mapped, repacked or converted).",
-        st.model.weight_bytes() as f64,
+        st.model.device().weight_bytes as f64,
     );
     o.metric(
         "specd:weight_file_bytes",
         g,
         "Bytes of the model's tensors in its file.",
-        st.model.file_weight_bytes() as f64,
+        st.model.info().file_weight_bytes as f64,
     );
     o.metric(
         "specd:memory_kv_bytes",

@@ -10,8 +10,8 @@
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::Timings;
 use serde_json::Value;
-use specd_memory::{KvType, MemoryConfig, MemoryUsage, SeqId};
-use specd_models::Model;
+use specd_backend::Backend;
+use specd_backend::{KvType, MemoryConfig, MemoryUsage, SeqId};
 use specd_spec::engine::TokenProbs;
 use specd_spec::{
     Engine, FinishReason, LiveTimings, PromptProgress, RamCacheStats, RollbackKind, SeqOutput,
@@ -212,7 +212,7 @@ impl Scheduler {
     /// Starts the engine thread over a memory of `mem_cfg` (one sequence per slot); `cache`:
     /// prompt reuse settings; `sleep_idle`: release the engine after that long without work.
     pub fn start(
-        model: Arc<Model>,
+        model: Arc<dyn Backend>,
         mem_cfg: MemoryConfig,
         rollback: RollbackKind,
         cache: PromptCache,
@@ -229,7 +229,8 @@ impl Scheduler {
                 .collect(),
             ..Default::default()
         }));
-        let engine = new_engine(&model, &mem_cfg, rollback, cache);
+        let engine = new_engine(&model, &mem_cfg, rollback, cache)
+            .map_err(|e| std::io::Error::other(format!("starting the engine: {e}")))?;
         let worker = Worker {
             model,
             mem_cfg,
@@ -326,7 +327,7 @@ struct Active {
 }
 
 struct Worker {
-    model: Arc<Model>,
+    model: Arc<dyn Backend>,
     mem_cfg: MemoryConfig,
     rollback: RollbackKind,
     cache: PromptCache,
@@ -363,15 +364,34 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn new_engine(
-    model: &Arc<Model>,
+    model: &Arc<dyn Backend>,
+    mem_cfg: &MemoryConfig,
+    rollback: RollbackKind,
+    cache: PromptCache,
+) -> Result<Engine, specd_spec::SpecError> {
+    let mut engine = Engine::new(model.clone(), mem_cfg.clone(), rollback)?;
+    engine.set_prompt_cache(true, cache.checkpoints);
+    engine.set_ram_cache(cache.ram_bytes);
+    Ok(engine)
+}
+
+/// The engine started again (after a sleep or a panic) with the settings it started with at
+/// launch. If the backend now refuses them (a lost device), the server cannot serve anyone:
+/// it says why and exits.
+fn restart_engine(
+    model: &Arc<dyn Backend>,
     mem_cfg: &MemoryConfig,
     rollback: RollbackKind,
     cache: PromptCache,
 ) -> Engine {
-    let mut engine = Engine::new(model.clone(), mem_cfg.clone(), rollback);
-    engine.set_prompt_cache(true, cache.checkpoints);
-    engine.set_ram_cache(cache.ram_bytes);
-    engine
+    match new_engine(model, mem_cfg, rollback, cache) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!("cannot start the engine again: {e}");
+            eprintln!("specd: cannot start the engine again: {e}");
+            std::process::exit(1)
+        }
+    }
 }
 
 impl Worker {
@@ -566,7 +586,7 @@ impl Worker {
     /// The engine, started again after a sleep.
     fn engine(&mut self) -> &mut Engine {
         self.engine.get_or_insert_with(|| {
-            new_engine(&self.model, &self.mem_cfg, self.rollback, self.cache)
+            restart_engine(&self.model, &self.mem_cfg, self.rollback, self.cache)
         })
     }
 
@@ -888,7 +908,7 @@ impl Worker {
             );
             self.totals.requests_failed += 1;
         }
-        self.engine = Some(new_engine(
+        self.engine = Some(restart_engine(
             &self.model,
             &self.mem_cfg,
             self.rollback,
@@ -969,7 +989,7 @@ impl ReferenceCache {
     /// The reference for `req`: the cached one when the request is the same, else a new run.
     pub fn get_or_run(
         &self,
-        model: Arc<Model>,
+        model: Arc<dyn Backend>,
         req: &SequenceRequest,
         n_ctx: usize,
         kv_types: (KvType, KvType),
@@ -993,7 +1013,7 @@ impl ReferenceCache {
 /// The plain run the synthetic drafter needs as its "true continuation": the same request
 /// without speculation, on a private engine (the synthetic drafter is for benchmarks).
 pub fn synthetic_reference(
-    model: Arc<Model>,
+    model: Arc<dyn Backend>,
     req: &SequenceRequest,
     n_ctx: usize,
     kv_types: (KvType, KvType),
@@ -1006,7 +1026,8 @@ pub fn synthetic_reference(
         kv_type_v: kv_types.1,
         ..MemoryConfig::default()
     };
-    let mut engine = Engine::new(model, cfg, RollbackKind::Replay);
+    let mut engine = Engine::new(model, cfg, RollbackKind::Replay)
+        .map_err(|e| ApiError::server(e.to_string()))?;
     let mut plain = req.clone();
     plain.spec = specd_spec::SpecParams::default();
     let out = engine

@@ -57,7 +57,7 @@ pub async fn server_info(State(st): State<Arc<AppState>>) -> Json<Value> {
 /// so `tokenizer_path` is the model's path; `model_type` and `architectures` are the file's
 /// `general.architecture`.
 pub async fn model_info(State(st): State<Arc<AppState>>) -> Json<Value> {
-    let arch = st.model.config().arch.name();
+    let arch = st.model.info().arch.as_str();
     Json(json!({
         "model_path": st.cfg.model_path,
         "tokenizer_path": st.cfg.model_path,

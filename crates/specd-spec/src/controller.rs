@@ -267,58 +267,7 @@ impl CostModel {
             return;
         }
         if width == 1 {
-            self.since_step = 0;
-            let first = self.step.is_none();
-            // One slow sample moves the step by at most STEP_OUTLIER: the step prices plain
-            // decoding against drafting, and a sequence that drafts measures it again only
-            // every STEP_REFRESH batches, so a single preempted step would make drafting look
-            // cheap until then.
-            let secs = self.step.map_or(secs, |s| secs.min(STEP_OUTLIER * s));
-            self.step = ema(self.step, secs, COST_RATE);
-            let mut forgot = false;
-            for (i, age) in self.age.iter_mut().enumerate() {
-                let m = match i.checked_sub(MAX_WIDTH + 1) {
-                    None => &mut self.units[i],
-                    Some(r) => &mut self.redecode[r],
-                };
-                if m.is_some() {
-                    *age += 1;
-                    // A width known from one or two samples is re-priced sooner: a second
-                    // cold sample (2 steps for two rows) stopped a fresh server's first request
-                    // from drafting for all its 128 tokens.
-                    let few = i <= MAX_WIDTH && self.count[i] < FEW_SAMPLES;
-                    if *age >= if few { FORGET_FEW_AFTER } else { FORGET_AFTER } {
-                        *m = None;
-                        forgot = true;
-                        if i <= MAX_WIDTH {
-                            self.count[i] = 0;
-                        }
-                    }
-                }
-            }
-            for (m, age) in [
-                (&mut self.checkpoint, &mut self.checkpoint_age),
-                (&mut self.fast_per_row, &mut self.fast_age),
-            ] {
-                if m.is_some() {
-                    *age += 1;
-                    if *age >= FORGET_AFTER {
-                        *m = None;
-                    }
-                }
-            }
-            if forgot {
-                self.rebuild();
-            }
-            if first {
-                for w in 2..=MAX_WIDTH {
-                    if let Some(p) = self.pending[w].take() {
-                        self.units[w] = self.in_steps(p).map(|u| u.min(w as f64));
-                        self.count[w] = 1;
-                    }
-                }
-                self.rebuild();
-            }
+            self.observe_step(secs);
             return;
         }
         self.since_step = self.since_step.saturating_add(1);
@@ -341,6 +290,64 @@ impl CostModel {
                 self.rebuild();
             }
             None => self.pending[width] = ema(self.pending[width], secs, COST_RATE),
+        }
+    }
+
+    /// A one-row step took `secs`: the step's price, the ageing of every other measurement
+    /// (each is forgotten after enough steps), and the widths measured before the first step
+    /// converted to steps.
+    fn observe_step(&mut self, secs: f64) {
+        self.since_step = 0;
+        let first = self.step.is_none();
+        // One slow sample moves the step by at most STEP_OUTLIER: the step prices plain
+        // decoding against drafting, and a sequence that drafts measures it again only
+        // every STEP_REFRESH batches, so a single preempted step would make drafting look
+        // cheap until then.
+        let secs = self.step.map_or(secs, |s| secs.min(STEP_OUTLIER * s));
+        self.step = ema(self.step, secs, COST_RATE);
+        let mut forgot = false;
+        for (i, age) in self.age.iter_mut().enumerate() {
+            let m = match i.checked_sub(MAX_WIDTH + 1) {
+                None => &mut self.units[i],
+                Some(r) => &mut self.redecode[r],
+            };
+            if m.is_some() {
+                *age += 1;
+                // A width known from one or two samples is re-priced sooner: cold samples
+                // (a fresh process's first batches) price a width too high, and a width
+                // priced too high is not drafted for, so not measured again.
+                let few = i <= MAX_WIDTH && self.count[i] < FEW_SAMPLES;
+                if *age >= if few { FORGET_FEW_AFTER } else { FORGET_AFTER } {
+                    *m = None;
+                    forgot = true;
+                    if i <= MAX_WIDTH {
+                        self.count[i] = 0;
+                    }
+                }
+            }
+        }
+        for (m, age) in [
+            (&mut self.checkpoint, &mut self.checkpoint_age),
+            (&mut self.fast_per_row, &mut self.fast_age),
+        ] {
+            if m.is_some() {
+                *age += 1;
+                if *age >= FORGET_AFTER {
+                    *m = None;
+                }
+            }
+        }
+        if forgot {
+            self.rebuild();
+        }
+        if first {
+            for w in 2..=MAX_WIDTH {
+                if let Some(p) = self.pending[w].take() {
+                    self.units[w] = self.in_steps(p).map(|u| u.min(w as f64));
+                    self.count[w] = 1;
+                }
+            }
+            self.rebuild();
         }
     }
     /// Recomputes `table` from the measured widths.

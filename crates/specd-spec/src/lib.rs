@@ -35,9 +35,9 @@ pub use stats::SpecStats;
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error(transparent)]
-    Model(#[from] specd_models::ModelError),
+    Backend(#[from] specd_backend::BackendError),
     #[error(transparent)]
-    Memory(#[from] specd_memory::MemoryError),
+    Memory(#[from] specd_backend::MemoryError),
     #[error(transparent)]
     Sampling(#[from] specd_sampling::SamplingError),
     #[error("invalid request: {0}")]

@@ -1,7 +1,7 @@
 //! Speculation parameters, named after llama.cpp's flags so users can carry theirs over.
 
 use serde::{Deserialize, Serialize};
-pub use specd_memory::RollbackKind;
+pub use specd_backend::RollbackKind;
 
 /// Drafter families (llama.cpp `--spec-type` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,8 +7,7 @@
 
 use crate::stats::SpecStats;
 use crate::SpecError;
-use specd_memory::{CheckpointId, Memory, SeqId};
-use specd_models::{Batch, Model};
+use specd_backend::{Batch, CheckpointId, Context, SeqId};
 
 /// How the rejected rows were taken out (for the controller's cost model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,12 +20,10 @@ pub enum RolledBack {
     Redecode,
 }
 
-#[allow(clippy::too_many_arguments)] // each argument is one piece of the round's state
 /// After verifying `fed` tokens (starting at position `start`) of which the first `keep` are
 /// accepted, removes the rest. `checkpoint` is the state at `start` if one was taken.
 pub fn rollback_rejected(
-    model: &Model,
-    mem: &mut Memory,
+    ctx: &mut dyn Context,
     seq: SeqId,
     start: usize,
     fed: &[u32],
@@ -37,7 +34,7 @@ pub fn rollback_rejected(
     let reject = fed.len() - keep;
     let mut done = RolledBack::Nothing;
     if reject > 0 {
-        let fast = checkpoint.is_none() && model.rollback(mem, seq, reject).is_ok();
+        let fast = checkpoint.is_none() && ctx.rollback(seq, reject).is_ok();
         if fast {
             stats.rollbacks_fast += 1;
             done = RolledBack::Fast;
@@ -49,14 +46,14 @@ pub fn rollback_rejected(
                     "sequence {seq}: cannot roll back {reject} tokens (no checkpoint)"
                 )));
             };
-            mem.restore(seq, id)?;
+            ctx.restore(seq, id)?;
             if keep > 0 {
                 let b = Batch::from_tokens(&fed[..keep], start as u32, seq, false);
                 let mut b = b;
                 for r in &mut b.rows {
                     r.logits = false;
                 }
-                model.decode(mem, &b)?;
+                ctx.decode_new(&b)?;
             }
             stats.rollbacks_checkpoint += 1;
             stats.redecoded_tokens += keep as u64;
@@ -64,7 +61,7 @@ pub fn rollback_rejected(
         }
     }
     if let Some(id) = checkpoint {
-        mem.drop_checkpoint(id);
+        ctx.drop_checkpoint(id);
     }
     Ok(done)
 }

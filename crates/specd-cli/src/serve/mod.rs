@@ -11,6 +11,7 @@ pub use args::ServeArgs;
 pub use llama_flags::preprocess;
 
 use crate::demo::demo_model_path;
+use crate::generate::cpu_backend;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use specd_models::{Model, ModelOptions};
@@ -173,25 +174,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
         n_threads: a.model.threads,
         n_ubatch: a.model.batch_size,
     };
-    let model = Arc::new(
-        Model::load(&path, opts.clone()).with_context(|| format!("loading {}", path.display()))?,
-    );
+    let cpu =
+        Arc::new(Model::load(&path, opts).with_context(|| format!("loading {}", path.display()))?);
+    let model = cpu_backend(&cpu);
     pb.inc(1);
-    let spec = a.spec.params(model.has_mtp())?;
+    let spec = a.spec.params(model.info().has_mtp)?;
     let draft_model = match &a.spec.model_draft {
         Some(p) => {
             pb.set_message(format!("loading draft model {}", p.display()));
-            let m = Model::load(p, opts)
-                .with_context(|| format!("loading {}", p.display()))?
-                .share_threads(&model);
+            let m = a.model.load_draft(p, &cpu)?;
             pb.inc(1);
-            Some(Arc::new(m))
+            Some(m)
         }
         None => None,
     };
 
     let n_ctx = match a.model.ctx_size {
-        0 => model.config().n_ctx_train.max(1),
+        0 => model.info().n_ctx_train.max(1),
         n => n,
     };
     let (n_parallel, kv_unified) = match a.parallel {
@@ -386,11 +385,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let listeners = listen::bind(&hosts, cfg.port, reuse_port).await?;
-        let mc = model.config();
+        let mc = model.info();
         eprintln!(
             "specd: model {} ({}, {} layers, vocab {}), {} slots × {} tokens of context{}",
             cfg.model_id,
-            mc.arch.name(),
+            mc.arch,
             mc.n_layer,
             mc.n_vocab,
             cfg.n_parallel,

@@ -114,7 +114,7 @@ pub(crate) fn gen_params(
     let tok = st.model.tokenizer();
     // A request's `logit_bias` replaces the command line's.
     g.logit_bias = if f.get("logit_bias").is_some() {
-        parse_logit_bias(f, st.model.config().n_vocab, |text| {
+        parse_logit_bias(f, st.model.info().n_vocab, |text| {
             tok.encode(text, false, false).map_err(|e| {
                 ApiError::invalid(format!("logit_bias: {e}")).with("param", "logit_bias")
             })
@@ -187,7 +187,7 @@ pub(crate) fn prepare(
         }
     }
     // A request error, not the server's: checked here so it is a 400 with a clear message.
-    if r.spec.drafters.contains(&DrafterKind::DraftMtp) && !st.model.has_mtp() {
+    if r.spec.drafters.contains(&DrafterKind::DraftMtp) && !st.model.info().has_mtp {
         return Err(ApiError::invalid(
             "speculative type draft-mtp needs a model with an MTP (NextN) head; this model has none",
         ));

@@ -264,7 +264,7 @@ pub(crate) fn bad_prompt() -> ApiError {
 
 /// A token id of a prompt; ids outside the vocabulary are refused as llama-server does.
 pub(crate) fn prompt_token(st: &AppState, v: &Value) -> Result<u32, ApiError> {
-    let n_vocab = st.model.config().n_vocab;
+    let n_vocab = st.model.info().n_vocab;
     v.as_u64()
         .filter(|&t| t < n_vocab as u64)
         .map(|t| t as u32)
@@ -366,7 +366,7 @@ pub(crate) fn chat_prompt_text(
     st: &AppState,
     f: &Fields,
 ) -> Result<(String, Vec<u32>, Vec<usize>), ApiError> {
-    let (text, marks) = render_chat_marked(st, f, st.model.memory_layout().is_hybrid())?;
+    let (text, marks) = render_chat_marked(st, f, st.model.info().hybrid)?;
     st.limits
         .check_prompt_bytes(text.len(), st.cfg.n_ctx_slot)?;
     let ids = tokenize_prompt(st, &text, true)?;

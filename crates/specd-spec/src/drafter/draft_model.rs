@@ -6,43 +6,50 @@
 
 use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
-use specd_memory::{Memory, MemoryConfig, RollbackKind};
-use specd_models::{Batch, DecodeOutput, Model};
+use specd_backend::{Backend, Batch, Context, MemoryConfig, Output, RollbackKind};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 const SEQ: u32 = 0;
 
 /// Draft-model drafter for one sequence.
 pub struct DraftModel {
-    model: Arc<Model>,
-    mem: Memory,
+    /// The draft model's sequence, on its backend.
+    ctx: Box<dyn Context>,
     /// Tokens the draft memory has processed (a prefix of the sequence).
     fed: Vec<u32>,
     p_min: f32,
     /// Set under probabilistic verification: drafts are sampled and their q recorded.
     sampling: Option<DraftSampling>,
-    /// The draft steps' decode output, kept so that its logits buffer is reused.
-    out: DecodeOutput,
+    /// The draft steps' decode output, kept so that its buffers are reused.
+    out: Box<dyn Output>,
 }
 
 impl DraftModel {
-    /// A drafter running `model`, with a context of `n_ctx` tokens.
-    pub fn new(model: Arc<Model>, n_ctx: usize, p_min: f32) -> Self {
-        let mem = model.new_memory(MemoryConfig {
+    /// A drafter running the model of `backend`, with a context of `n_ctx` tokens.
+    pub fn new(backend: Arc<dyn Backend>, n_ctx: usize, p_min: f32) -> Result<Self, SpecError> {
+        let ctx = backend.new_context(MemoryConfig {
             n_ctx,
             max_seqs: 1,
             rollback: RollbackKind::Checkpoint,
             checkpoint_budget: usize::MAX,
             ..Default::default()
-        });
-        DraftModel {
-            model,
-            mem,
+        })?;
+        let out = ctx.new_output();
+        Ok(DraftModel {
+            ctx,
             fed: Vec::new(),
             p_min,
             sampling: None,
-            out: DecodeOutput::default(),
-        }
+            out,
+        })
+    }
+
+    /// Decodes `batch` into the drafter's output.
+    fn decode(&mut self, batch: &Batch) -> Result<(), SpecError> {
+        self.ctx
+            .decode(batch, self.out.as_mut(), &mut |_| ControlFlow::Continue(()))?;
+        Ok(())
     }
 
     /// Samples drafts with `sampling` instead of drafting greedily (probabilistic
@@ -74,33 +81,32 @@ impl Drafter for DraftModel {
             .count();
         let common = common.min(tokens.len() - 1);
         if common < self.fed.len() {
-            if self.mem.remove_from(SEQ, common).is_err() {
-                self.mem.clear(SEQ);
+            if self.ctx.remove_from(SEQ, common).is_err() {
+                self.ctx.clear(SEQ);
                 self.fed.clear();
             } else {
                 self.fed.truncate(common);
             }
         }
-        let room = self.mem.config().n_ctx.saturating_sub(tokens.len());
+        let room = self.ctx.config().n_ctx.saturating_sub(tokens.len());
         let n_max = n_max.min(room);
         if n_max == 0 {
             return Ok(Vec::new());
         }
         let start = self.fed.len();
         let batch = Batch::from_tokens(&tokens[start..], start as u32, SEQ, false);
-        let out = &mut self.out;
-        self.model.decode_into(&mut self.mem, &batch, out)?;
+        self.decode(&batch)?;
         self.fed.extend_from_slice(&tokens[start..]);
-        let hybrid = self.model.memory_layout().is_hybrid();
-        let cp = if hybrid {
-            self.mem.checkpoint(SEQ)?
+        let cp = if self.ctx.is_hybrid() {
+            self.ctx.checkpoint(SEQ)?
         } else {
             None
         };
         let mut drafts = Vec::new();
         // Drafted token i sits at position tokens.len() + i.
         let mut next = next_draft(
-            out.logits(0),
+            self.out.as_ref(),
+            0,
             tokens.len(),
             self.p_min,
             self.sampling.as_mut(),
@@ -112,34 +118,34 @@ impl Drafter for DraftModel {
             }
             let pos = (tokens.len() + drafts.len() - 1) as u32;
             let b = Batch::from_tokens(&[tok], pos, SEQ, true);
-            self.model.decode_into(&mut self.mem, &b, &mut self.out)?;
+            self.decode(&b)?;
             next = next_draft(
-                self.out.logits(0),
+                self.out.as_ref(),
+                0,
                 tokens.len() + drafts.len(),
                 self.p_min,
                 self.sampling.as_mut(),
             )?;
         }
         // Back to the accepted sequence.
-        let n_fed_drafts = self.mem.n_past(SEQ) - tokens.len();
+        let n_fed_drafts = self.ctx.n_past(SEQ) - tokens.len();
         if n_fed_drafts > 0 {
             match cp {
-                Some(id) => self.mem.restore(SEQ, id)?,
-                None => self.model.rollback(&mut self.mem, SEQ, n_fed_drafts)?,
+                Some(id) => self.ctx.restore(SEQ, id)?,
+                None => self.ctx.rollback(SEQ, n_fed_drafts)?,
             }
         }
         if let Some(id) = cp {
-            self.mem.drop_checkpoint(id);
+            self.ctx.drop_checkpoint(id);
         }
         Ok(drafts)
     }
     fn prefill(&mut self, tokens: &[u32]) -> Result<(), SpecError> {
         // Only into an empty memory (a fresh sequence); `draft` catches up from whatever was fed.
-        if !self.fed.is_empty() || tokens.is_empty() || tokens.len() > self.mem.config().n_ctx {
+        if !self.fed.is_empty() || tokens.is_empty() || tokens.len() > self.ctx.config().n_ctx {
             return Ok(());
         }
-        self.model
-            .decode(&mut self.mem, &Batch::from_tokens(tokens, 0, SEQ, false))?;
+        self.decode(&Batch::from_tokens(tokens, 0, SEQ, false))?;
         self.fed.extend_from_slice(tokens);
         Ok(())
     }

@@ -6,25 +6,12 @@ pub mod ngram;
 pub mod synthetic;
 
 use crate::SpecError;
+use specd_backend::{HiddenRows, Output};
 use specd_sampling::{Sampler, SamplerParams};
 
 /// A drafter's distribution for one drafted position: `(token, probability)` pairs (probabilistic
 /// verification).
 pub type DraftDist = Vec<(u32, f32)>;
-
-/// The most likely token and its probability under a softmax of `logits` (the greedy choice and
-/// confidence of model drafters, compared with `p_min`).
-pub(crate) fn argmax_prob(logits: &[f32]) -> (u32, f32) {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    let m = logits[best];
-    let z: f32 = logits.iter().map(|&v| (v - m).exp()).sum();
-    (best as u32, 1.0 / z)
-}
 
 /// How a model drafter picks its tokens under probabilistic verification: sampled from its own
 /// distribution q (its logits through the request's sampler chain, with the draft lane of the
@@ -76,22 +63,24 @@ impl DraftSampling {
     }
 }
 
-/// The next draft token of a model drafter from its `logits` for position `pos`, or `None` when
-/// its confidence (top probability of the raw logits) is under `p_min`: the greedy choice, or a
-/// token sampled by `sampling` under probabilistic verification.
+/// The next draft token of a model drafter from output `i` of its decode, for position `pos`,
+/// or `None` when its confidence (top probability of the raw logits) is under `p_min`: the
+/// greedy choice, or a token sampled by `sampling` under probabilistic verification. Greedy
+/// drafting asks the backend only for the top token ([`Output::top`]), never for the row.
 pub(crate) fn next_draft(
-    logits: &[f32],
+    out: &dyn Output,
+    i: usize,
     pos: usize,
     p_min: f32,
     sampling: Option<&mut DraftSampling>,
 ) -> Result<Option<u32>, SpecError> {
-    let (best, p) = argmax_prob(logits);
+    let (best, p) = out.top(i);
     if p < p_min {
         return Ok(None);
     }
     match sampling {
         None => Ok(Some(best)),
-        Some(s) => s.pick(logits, pos).map(Some),
+        Some(s) => s.pick(out.logits(i), pos).map(Some),
     }
 }
 
@@ -138,10 +127,10 @@ pub trait Drafter: Send {
     fn wants_hidden(&self) -> bool {
         false
     }
-    /// The target kept `tokens` at positions `pos0..`; `hidden` holds their final normed hidden
-    /// states (`tokens.len() × n_embd`). Called after prefill and after each verification with
-    /// the accepted rows only.
-    fn observe_target(&mut self, _tokens: &[u32], _pos0: usize, _hidden: &[f32]) {}
+    /// The target kept `tokens` at positions `pos0..`; `hidden` are their final normed hidden
+    /// states (one row per token, in the target's backend). Called after prefill and after each
+    /// verification with the accepted rows only.
+    fn observe_target(&mut self, _tokens: &[u32], _pos0: usize, _hidden: &HiddenRows) {}
     /// Probabilistic verification: the distribution each token of the last draft was sampled
     /// from (one per token, in order), taken out. `None` (the default, and for drafters that
     /// draft greedily or from tables): that round is verified by exact matching.
@@ -208,7 +197,7 @@ impl Chain {
         self.drafters.iter().any(|d| d.wants_hidden())
     }
     /// Passes the target's kept rows to every drafter that reads hidden states.
-    pub fn observe_target(&mut self, tokens: &[u32], pos0: usize, hidden: &[f32]) {
+    pub fn observe_target(&mut self, tokens: &[u32], pos0: usize, hidden: &HiddenRows) {
         for d in self.drafters.iter_mut().filter(|d| d.wants_hidden()) {
             d.observe_target(tokens, pos0, hidden);
         }

@@ -3,31 +3,26 @@
 //! The head is one attention block fed with a token and the hidden state of the position before
 //! it. Its KV cache mirrors the target: every row the target keeps is fed through the head
 //! (batched into the next draft call, so mirroring costs no extra pass), paired with the target's
-//! hidden state of the previous row. Drafting then runs the head recursively on its own output,
+//! hidden state of the previous row. Hidden states stay in the backend: the drafter holds only
+//! handles to them ([`HiddenRows`]). Drafting then runs the head recursively on its own output,
 //! and the drafted positions are removed from its cache afterwards (attention only: plain
 //! position removal, no recurrent state to roll back). Under probabilistic verification the head's
 //! tokens are sampled instead of taken greedily (see [`DraftSampling`]).
 
 use super::{next_draft, start_draft, take_probs, DraftDist, DraftSampling, Drafter};
 use crate::SpecError;
-use specd_memory::{Memory, MemoryConfig, RollbackKind};
-use specd_models::Model;
-use std::sync::Arc;
-
-const SEQ: u32 = 0;
+use specd_backend::{Backend, HiddenRows, MemoryConfig, MtpContext, RollbackKind};
 
 /// MTP drafter for one sequence.
 pub struct MtpDrafter {
-    model: Arc<Model>,
-    mem: Memory,
-    n_embd: usize,
+    head: Box<dyn MtpContext>,
     /// Target rows not yet mirrored into the head: tokens from position `pending_pos0`, and the
-    /// hidden state paired with each (that of the previous position).
+    /// hidden states paired with them (that of each one's previous position), in order.
     pending_tokens: Vec<u32>,
-    pending_h: Vec<f32>,
+    pending_h: Vec<HiddenRows>,
     pending_pos0: usize,
     /// The target's hidden state at the last position it kept (zeros before the first).
-    last_h: Vec<f32>,
+    last_h: HiddenRows,
     /// Positions the target has kept and reported.
     n_target: usize,
     p_min: f32,
@@ -39,24 +34,21 @@ pub struct MtpDrafter {
 }
 
 impl MtpDrafter {
-    /// A drafter on `model`'s MTP head with a context of `n_ctx`; stops drafting when the head's
-    /// top probability falls under `p_min`.
-    pub fn new(model: Arc<Model>, n_ctx: usize, p_min: f32) -> Result<Self, SpecError> {
-        let mem = model.new_mtp_memory(MemoryConfig {
+    /// A drafter on the MTP head of `target` with a context of `n_ctx`; stops drafting when the
+    /// head's top probability falls under `p_min`.
+    pub fn new(target: &dyn Backend, n_ctx: usize, p_min: f32) -> Result<Self, SpecError> {
+        let head = target.new_mtp_context(MemoryConfig {
             n_ctx,
             max_seqs: 1,
             rollback: RollbackKind::Checkpoint,
             ..Default::default()
         })?;
-        let n_embd = model.config().n_embd;
         Ok(MtpDrafter {
-            model,
-            mem,
-            n_embd,
+            head,
             pending_tokens: Vec::new(),
             pending_h: Vec::new(),
             pending_pos0: 0,
-            last_h: vec![0.0; n_embd],
+            last_h: HiddenRows::zeros(1),
             n_target: 0,
             p_min,
             lost: false,
@@ -83,24 +75,27 @@ impl Drafter for MtpDrafter {
         true
     }
 
-    fn observe_target(&mut self, tokens: &[u32], pos0: usize, hidden: &[f32]) {
-        let h = self.n_embd;
-        if self.lost || tokens.is_empty() {
+    fn observe_target(&mut self, tokens: &[u32], pos0: usize, hidden: &HiddenRows) {
+        let n = tokens.len();
+        if self.lost || n == 0 {
             return;
         }
-        if pos0 != self.n_target || hidden.len() != tokens.len() * h {
+        if pos0 != self.n_target || hidden.len() != n {
             self.lost = true;
             return;
         }
         if self.pending_tokens.is_empty() {
             self.pending_pos0 = pos0;
         }
-        for (i, &t) in tokens.iter().enumerate() {
-            self.pending_tokens.push(t);
-            self.pending_h.extend_from_slice(&self.last_h);
-            self.last_h.copy_from_slice(&hidden[i * h..(i + 1) * h]);
+        // Row i is paired with the hidden state of position i - 1: the last kept one, then
+        // these rows but the last, which becomes the last kept.
+        self.pending_tokens.extend_from_slice(tokens);
+        self.pending_h.push(self.last_h.clone());
+        self.pending_h.extend(hidden.slice(0, n - 1));
+        if let Some(last) = hidden.slice(n - 1, 1) {
+            self.last_h = last;
         }
-        self.n_target += tokens.len();
+        self.n_target += n;
     }
 
     fn draft(&mut self, tokens: &[u32], n_max: usize) -> Result<Vec<u32>, SpecError> {
@@ -109,7 +104,7 @@ impl Drafter for MtpDrafter {
         if self.lost || tokens.is_empty() || n_max == 0 || p != self.n_target {
             return Ok(Vec::new());
         }
-        let room = self.mem.config().n_ctx.saturating_sub(tokens.len());
+        let room = self.head.n_ctx().saturating_sub(tokens.len());
         let n_max = n_max.min(room);
         if n_max == 0 {
             return Ok(Vec::new());
@@ -123,37 +118,41 @@ impl Drafter for MtpDrafter {
             self.pending_pos0
         };
         rows.push(tokens[p]);
-        hs.extend_from_slice(&self.last_h);
-        let (hm, logits) = self
-            .model
-            .decode_mtp(&mut self.mem, SEQ, &rows, pos0, &hs)?;
-        let h = self.n_embd;
-        let mut prev_h = hm[(rows.len() - 1) * h..].to_vec();
+        hs.push(self.last_h.clone());
+        let out = self.head.decode(&rows, pos0, &hs)?;
+        let mut prev_h = last_row(out.hidden(), rows.len())?;
         let mut drafts = Vec::new();
         start_draft(self.sampling.as_mut(), tokens)?;
         // Drafted token i sits at position p + 1 + i.
-        let mut next = next_draft(&logits, p + 1, self.p_min, self.sampling.as_mut())?;
+        let mut next = next_draft(out, 0, p + 1, self.p_min, self.sampling.as_mut())?;
         while let Some(tok) = next {
             drafts.push(tok);
             if drafts.len() == n_max {
                 break;
             }
-            let (hm, logits) =
-                self.model
-                    .decode_mtp(&mut self.mem, SEQ, &[tok], p + drafts.len(), &prev_h)?;
-            prev_h = hm;
+            let out = self
+                .head
+                .decode(&[tok], p + drafts.len(), std::slice::from_ref(&prev_h))?;
+            prev_h = last_row(out.hidden(), 1)?;
             next = next_draft(
-                &logits,
+                out,
+                0,
                 p + 1 + drafts.len(),
                 self.p_min,
                 self.sampling.as_mut(),
             )?;
         }
         // Keep only the mirrored target rows (positions < p) in the head's cache.
-        self.mem.remove_from(SEQ, p)?;
+        self.head.remove_from(p)?;
         Ok(drafts)
     }
     fn take_draft_probs(&mut self) -> Option<Vec<DraftDist>> {
         take_probs(self.sampling.as_mut())
     }
+}
+
+/// The last of the `n` rows of the head's hidden output.
+fn last_row(h: Option<HiddenRows>, n: usize) -> Result<HiddenRows, SpecError> {
+    h.and_then(|h| h.slice(n - 1, 1))
+        .ok_or_else(|| SpecError::Invalid("MTP: the head returned no hidden state".into()))
 }

@@ -5,7 +5,7 @@
 use super::Engine;
 use crate::reuse::RamCacheStats;
 use crate::SpecError;
-use specd_memory::SeqId;
+use specd_backend::SeqId;
 
 impl Engine {
     /// Prompt reuse across requests on the same sequence id (server slots). With `keep` on, a
@@ -18,7 +18,7 @@ impl Engine {
     /// both, the prompt is processed from the start. Off (the default): finished sequences free
     /// their memory. Turning it off frees all kept memory and the RAM cache.
     pub fn set_prompt_cache(&mut self, keep: bool, max_checkpoints: usize) {
-        self.reuse.configure(&mut self.mem, keep, max_checkpoints);
+        self.reuse.configure(&mut *self.ctx, keep, max_checkpoints);
     }
 
     /// The prompt cache in RAM: with prompt reuse on, the memory of a conversation whose
@@ -35,7 +35,7 @@ impl Engine {
 
     /// Frees every finished sequence's kept memory and the RAM cache.
     pub fn clear_prompt_cache(&mut self) {
-        self.reuse.clear(&mut self.mem);
+        self.reuse.clear(&mut *self.ctx);
     }
 
     /// Prompt tokens a running sequence took from kept memory instead of processing them.
@@ -54,17 +54,17 @@ impl Engine {
         if self.seqs.contains_key(&seq) {
             return 0;
         }
-        self.reuse.reusable(&self.mem, seq, scope, prompt)
+        self.reuse.reusable(&*self.ctx, seq, scope, prompt)
     }
 
     /// Slot save: the tokens an idle sequence kept for prompt reuse by `scope` and its memory
-    /// as bytes ([`specd_memory::Memory::save_sequence`]: KV, recurrent state, prompt
+    /// as bytes ([`specd_backend::SequenceMemory::save_sequence`]: KV, recurrent state, prompt
     /// checkpoints). Memory kept for another scope saves as empty.
     pub fn save_kept(&self, seq: SeqId, scope: u64) -> Result<(Vec<u32>, Vec<u8>), SpecError> {
         if self.seqs.contains_key(&seq) {
             return Err(SpecError::Invalid(format!("sequence {seq} is running")));
         }
-        Ok(self.reuse.save(&self.mem, seq, scope)?)
+        Ok(self.reuse.save(&*self.ctx, seq, scope)?)
     }
 
     /// Slot restore: makes an idle sequence hold `tokens` with the memory saved by
@@ -81,7 +81,7 @@ impl Engine {
         if self.seqs.contains_key(&seq) {
             return Err(SpecError::Invalid(format!("sequence {seq} is running")));
         }
-        let n_vocab = self.model.config().n_vocab;
+        let n_vocab = self.backend.info().n_vocab;
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             self.forget(seq);
             return Err(SpecError::Invalid(format!(
@@ -89,7 +89,7 @@ impl Engine {
             )));
         }
         self.reuse
-            .restore(&mut self.mem, seq, scope, tokens, state)
+            .restore(&mut *self.ctx, seq, scope, tokens, state)
             .map_err(SpecError::Invalid)
     }
 
@@ -100,7 +100,7 @@ impl Engine {
         if self.seqs.contains_key(&seq) {
             return false;
         }
-        self.reuse.cache_idle(&mut self.mem, seq)
+        self.reuse.cache_idle(&mut *self.ctx, seq)
     }
 
     /// Frees the memory a finished sequence kept (no effect on a running sequence).
@@ -108,6 +108,6 @@ impl Engine {
         if self.seqs.contains_key(&seq) {
             return;
         }
-        self.reuse.forget(&mut self.mem, seq);
+        self.reuse.forget(&mut *self.ctx, seq);
     }
 }

@@ -28,8 +28,8 @@ use crate::reuse::PromptReuse;
 use crate::stats::SpecStats;
 use crate::SpecError;
 use request::token_probs;
-use specd_memory::{Memory, MemoryConfig, SeqId};
-use specd_models::{Batch, DecodeOutput, Model};
+use specd_backend::SequenceMemory;
+use specd_backend::{Backend, Batch, CheckpointId, Context, MemoryConfig, Output, SeqId};
 use specd_output::TextStage;
 use specd_sampling::{GrammarVocab, Sampler, SamplerParams};
 use std::collections::BTreeMap;
@@ -120,7 +120,7 @@ struct Planned {
     id: SeqId,
     draft: Vec<u32>,
     /// State saved before verifying (checkpoint rollback), if any.
-    cp: Option<specd_memory::CheckpointId>,
+    cp: Option<CheckpointId>,
     /// Probabilistic verification: the drafter's distribution for each draft token. `None`:
     /// exact matching.
     probs: Option<Vec<DraftDist>>,
@@ -128,8 +128,9 @@ struct Planned {
 
 /// Runs generations for many sequences; all sequences' rows of a step share one decode batch.
 pub struct Engine {
-    model: Arc<Model>,
-    mem: Memory,
+    backend: Arc<dyn Backend>,
+    /// The target's sequences, on its backend.
+    ctx: Box<dyn Context>,
     seqs: BTreeMap<SeqId, GenSeq>,
     cost: CostModel,
     mod_table: Arc<Mutex<ModTable>>,
@@ -139,48 +140,52 @@ pub struct Engine {
     /// Prompt reuse: what finished sequences keep, and the RAM cache (see
     /// [`Engine::set_prompt_cache`]).
     reuse: PromptReuse,
-    /// The rounds' decode output, kept so that its logits buffer is reused
-    /// ([`Model::decode_into`]).
-    out: DecodeOutput,
+    /// The rounds' decode output, kept so that its buffers are reused.
+    out: Box<dyn Output>,
 }
 
 impl Engine {
-    /// An engine over `model` with a memory for `mem_cfg.max_seqs` sequences. `rollback` picks
-    /// how recurrent state is taken back after rejected drafts.
-    pub fn new(model: Arc<Model>, mut mem_cfg: MemoryConfig, rollback: RollbackKind) -> Self {
+    /// An engine over the model of `backend` with a context for `mem_cfg.max_seqs` sequences.
+    /// `rollback` picks how recurrent state is taken back after rejected drafts.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        mut mem_cfg: MemoryConfig,
+        rollback: RollbackKind,
+    ) -> Result<Self, SpecError> {
         mem_cfg.rollback = rollback;
-        let mem = model.new_memory(mem_cfg);
-        let cost = if !model.memory_layout().is_hybrid() {
+        let ctx = backend.new_context(mem_cfg)?;
+        let cost = if !backend.info().hybrid {
             CostModel::default()
         } else if rollback == RollbackKind::Checkpoint {
             CostModel::with_fast_window(0)
         } else {
-            CostModel::with_fast_window(mem.config().rollback_window)
+            CostModel::with_fast_window(ctx.config().rollback_window)
         };
-        Engine {
-            model,
-            mem,
+        let out = ctx.new_output();
+        Ok(Engine {
+            backend,
+            ctx,
             seqs: BTreeMap::new(),
             cost,
             mod_table: ModTable::new(1 << 20),
             rollback,
             grammar_vocab: OnceLock::new(),
             reuse: PromptReuse::default(),
-            out: DecodeOutput::default(),
-        }
+            out,
+        })
     }
 
     /// The measured costs of verification widths the draft-length controller plans with.
     pub fn cost_model(&self) -> &CostModel {
         &self.cost
     }
-    /// The model.
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
+    /// The target's backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
     }
-    /// The memory (usage, checkpoints).
-    pub fn memory(&self) -> &Memory {
-        &self.mem
+    /// The target's sequence memory (usage, positions).
+    pub fn memory(&self) -> &dyn SequenceMemory {
+        &*self.ctx
     }
     /// True if no sequence is running.
     pub fn is_idle(&self) -> bool {
@@ -201,13 +206,13 @@ impl Engine {
                 "sequence {seq} is already running"
             )));
         }
-        let n_vocab = self.model.config().n_vocab;
+        let n_vocab = self.backend.info().n_vocab;
         if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(SpecError::Invalid(format!(
                 "prompt token {t} out of vocabulary ({n_vocab})"
             )));
         }
-        let n_ctx = self.mem.config().n_ctx;
+        let n_ctx = self.ctx.config().n_ctx;
         if req.prompt.len() >= n_ctx {
             return Err(SpecError::Invalid(format!(
                 "prompt of {} tokens does not fit the context of {n_ctx}",
@@ -226,13 +231,13 @@ impl Engine {
         let chain = self.build_chain(&req, sampler.seed())?;
         // A scored prompt is processed whole: reused positions would have no logits.
         let n_cached = self.reuse.take(
-            &mut self.mem,
+            &mut *self.ctx,
             seq,
             req.cache_scope,
             &req.prompt,
             req.cache_prompt && req.prompt_logprobs.is_none(),
         );
-        let marks = if self.reuse.checkpoints_on(&self.mem) {
+        let marks = if self.reuse.checkpoints_on(&*self.ctx) {
             let mut m = req.checkpoints.clone();
             m.sort_unstable();
             m.dedup();
@@ -275,10 +280,10 @@ impl Engine {
 
     /// Passes the hidden states of the first `n_rows` rows of a decoded batch (every row kept; the
     /// rest were not decoded: a prefill stopped early) to the drafters that read them.
-    fn observe_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput, n_rows: usize) {
-        if !batch.want_hidden {
+    fn observe_rows(&mut self, batch: &Batch, out: &dyn Output, n_rows: usize) {
+        let Some(hidden) = out.hidden().filter(|_| batch.want_hidden) else {
             return;
-        }
+        };
         let rows = &batch.rows[..n_rows.min(batch.rows.len())];
         let mut i = 0;
         while i < rows.len() {
@@ -286,9 +291,10 @@ impl Engine {
             let j = i + rows[i..].iter().take_while(|r| r.seq == seq).count();
             if let Some(s) = self.seqs.get_mut(&seq) {
                 let toks: Vec<u32> = batch.rows[i..j].iter().map(|r| r.token).collect();
-                let hidden: Vec<f32> = (i..j).flat_map(|r| out.hidden(r).iter().copied()).collect();
-                s.chain
-                    .observe_target(&toks, batch.rows[i].pos as usize, &hidden);
+                if let Some(h) = hidden.slice(i, j - i) {
+                    s.chain
+                        .observe_target(&toks, batch.rows[i].pos as usize, &h);
+                }
             }
             i = j;
         }
@@ -296,7 +302,7 @@ impl Engine {
 
     /// Prompt scoring: the log-probability of the token after each decoded prompt row of a
     /// scored sequence (rows carry logits only for those), from the first `n_rows` rows.
-    fn score_rows(&mut self, batch: &Batch, out: &specd_models::DecodeOutput, n_rows: usize) {
+    fn score_rows(&mut self, batch: &Batch, out: &dyn Output, n_rows: usize) {
         for (r, row) in batch.rows[..n_rows.min(batch.rows.len())]
             .iter()
             .enumerate()
@@ -317,7 +323,7 @@ impl Engine {
 
     /// The logit biases `req` samples with (see [`logit_bias_with_eog`]).
     fn logit_bias(&self, req: &SequenceRequest) -> Vec<(u32, f32)> {
-        let eog = self.model.tokenizer().eog_ids();
+        let eog = self.backend.tokenizer().eog_ids();
         logit_bias_with_eog(&req.logit_bias, req.ignore_eos, eog)
     }
 
@@ -326,7 +332,7 @@ impl Engine {
         if let Some(v) = self.grammar_vocab.get() {
             return Ok(v.clone());
         }
-        let v = Arc::new(crate::grammar::vocab_for(self.model.tokenizer())?);
+        let v = Arc::new(crate::grammar::vocab_for(self.backend.tokenizer())?);
         Ok(self.grammar_vocab.get_or_init(|| v).clone())
     }
 
@@ -377,22 +383,22 @@ impl Engine {
                     let m = req.draft_model.clone().ok_or_else(|| {
                         SpecError::Invalid("draft-simple needs a draft model (-md)".into())
                     })?;
-                    if m.config().n_vocab != self.model.config().n_vocab {
+                    if m.info().n_vocab != self.backend.info().n_vocab {
                         return Err(SpecError::Invalid(format!(
                             "draft model vocabulary {} differs from the target's {}",
-                            m.config().n_vocab,
-                            self.model.config().n_vocab
+                            m.info().n_vocab,
+                            self.backend.info().n_vocab
                         )));
                     }
                     Box::new(
-                        DraftModel::new(m, self.mem.config().n_ctx, sp.p_min)
+                        DraftModel::new(m, self.ctx.config().n_ctx, sp.p_min)?
                             .with_sampling(sampling()?),
                     )
                 }
                 DrafterKind::DraftMtp => Box::new(
                     crate::drafter::mtp::MtpDrafter::new(
-                        self.model.clone(),
-                        self.mem.config().n_ctx,
+                        self.backend.as_ref(),
+                        self.ctx.config().n_ctx,
                         sp.p_min,
                     )?
                     .with_sampling(sampling()?),
@@ -407,7 +413,7 @@ impl Engine {
                         r,
                         sp.synthetic_rates(),
                         0x5eed,
-                        self.model.config().n_vocab as u32,
+                        self.backend.info().n_vocab as u32,
                     ))
                 }
             });
@@ -463,7 +469,7 @@ impl Engine {
     ) {
         if let Some(s) = self.seqs.remove(&id) {
             self.reuse
-                .retire(&mut self.mem, id, s.req.cache_scope, &s.tokens);
+                .retire(&mut *self.ctx, id, s.req.cache_scope, &s.tokens);
             let gen_secs = s.gen_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
             let output = SeqOutput {
                 text: s.text.text(),

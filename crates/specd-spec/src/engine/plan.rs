@@ -7,7 +7,7 @@ use crate::controller::CostModel;
 use crate::drafter::DraftDist;
 use crate::params::RollbackKind;
 use crate::SpecError;
-use specd_memory::{CheckpointId, SeqId};
+use specd_backend::{CheckpointId, SeqId};
 use std::time::Instant;
 
 /// A draft and, for probabilistic verification, the drafter's distribution of each token.
@@ -17,7 +17,7 @@ impl Engine {
     /// The sequence's plan for this round. `None`: the sequence ended or failed here (reported
     /// in `events`).
     pub(super) fn plan_draft(&mut self, id: SeqId, events: &mut Vec<StepEvent>) -> Option<Planned> {
-        let n_ctx = self.mem.config().n_ctx;
+        let n_ctx = self.ctx.config().n_ctx;
         let s = self.seqs.get_mut(&id)?;
         if s.gen_start.is_none() {
             s.gen_start = Some(Instant::now());
@@ -73,8 +73,8 @@ impl Engine {
         id: SeqId,
         n_draft: usize,
     ) -> Result<Option<CheckpointId>, SpecError> {
-        let hybrid = self.model.memory_layout().is_hybrid();
-        let window = self.mem.config().rollback_window;
+        let hybrid = self.backend.info().hybrid;
+        let window = self.ctx.config().rollback_window;
         if !hybrid
             || n_draft == 0
             || (self.rollback != RollbackKind::Checkpoint && n_draft < window)
@@ -82,7 +82,7 @@ impl Engine {
             return Ok(None);
         }
         let t_cp = Instant::now();
-        let c = self.mem.checkpoint(id);
+        let c = self.ctx.checkpoint(id);
         self.cost.observe_checkpoint(t_cp.elapsed().as_secs_f64());
         Ok(c?)
     }

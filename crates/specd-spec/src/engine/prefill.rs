@@ -4,8 +4,8 @@
 //! fails only its own sequence.
 
 use super::{Engine, PromptProgress, StepEvent};
-use specd_memory::SeqId;
-use specd_models::Batch;
+use specd_backend::Batch;
+use specd_backend::SeqId;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -58,7 +58,7 @@ impl Engine {
         t0: Instant,
         on_progress: &mut dyn FnMut(PromptProgress),
     ) -> (Batch, Vec<Span>) {
-        let n_vocab = self.model.config().n_vocab;
+        let n_vocab = self.backend.info().n_vocab;
         let mut batch = Batch::new();
         let mut spans = Vec::with_capacity(new.len());
         for id in new {
@@ -132,13 +132,15 @@ impl Engine {
                 ControlFlow::Continue(())
             }
         };
-        let out = self
-            .model
-            .decode_with(&mut self.mem, batch, &mut chunk_done)
-            .map_err(|_| ())?;
-        self.observe_rows(batch, &out, prev);
-        self.score_rows(batch, &out, prev);
-        Ok(prev)
+        let mut out = self.ctx.new_output();
+        let done = self
+            .ctx
+            .decode(batch, out.as_mut(), &mut chunk_done)
+            .map_err(|_| ())?
+            .rows;
+        self.observe_rows(batch, out.as_ref(), done);
+        self.score_rows(batch, out.as_ref(), done);
+        Ok(done)
     }
 
     /// After a prefill batch of which `done` rows were decoded in `secs`: each sequence's
@@ -166,7 +168,7 @@ impl Engine {
                 // A piece ended at a checkpoint mark (or a scoring piece's end): the rest
                 // follows in the next step.
                 if s.marks.contains(&s.n_in_memory) {
-                    self.reuse.checkpoint_prompt(&mut self.mem, sp.seq);
+                    self.reuse.checkpoint_prompt(&mut *self.ctx, sp.seq);
                 }
                 continue;
             }
@@ -174,7 +176,7 @@ impl Engine {
             if !gone(sp.seq) {
                 s.prompt_secs += s.prefill_drafters();
             }
-            self.reuse.checkpoint_prompt(&mut self.mem, sp.seq);
+            self.reuse.checkpoint_prompt(&mut *self.ctx, sp.seq);
         }
     }
 
@@ -190,7 +192,7 @@ impl Engine {
         }
         let toks = s.tokens[..s.tokens.len() - 1].to_vec();
         let want_hidden = s.chain.wants_hidden();
-        self.mem.clear(id);
+        self.ctx.clear(id);
         if let Some(s) = self.seqs.get_mut(&id) {
             s.n_cached = 0;
             s.n_in_memory = 0;
@@ -201,9 +203,9 @@ impl Engine {
         } else {
             let mut b = Batch::from_tokens(&toks, 0, id, false);
             b.want_hidden = want_hidden;
-            self.model
-                .decode(&mut self.mem, &b)
-                .map(|out| self.observe_rows(&b, &out, b.rows.len()))
+            self.ctx
+                .decode_new(&b)
+                .map(|out| self.observe_rows(&b, out.as_ref(), b.rows.len()))
         };
         match r {
             Ok(()) => {
@@ -212,7 +214,7 @@ impl Engine {
                     s.prefilled = true;
                     s.prompt_secs = t0.elapsed().as_secs_f64() + s.prefill_drafters();
                 }
-                self.reuse.checkpoint_prompt(&mut self.mem, id);
+                self.reuse.checkpoint_prompt(&mut *self.ctx, id);
             }
             Err(e) => self.fail(id, e.to_string(), events),
         }

@@ -3,8 +3,8 @@
 
 use crate::params::SpecParams;
 use crate::stats::SpecStats;
-use specd_memory::SeqId;
-use specd_models::Model;
+use specd_backend::Backend;
+use specd_backend::SeqId;
 use specd_sampling::{GrammarSpec, ReasoningBudget, SamplerParams};
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ pub struct SequenceRequest {
     /// For the synthetic drafter: the plain run's tokens (prompt + continuation).
     pub reference: Option<Arc<Vec<u32>>>,
     /// For `draft-simple`: the draft model.
-    pub draft_model: Option<Arc<Model>>,
+    pub draft_model: Option<Arc<dyn Backend>>,
     /// Report the top `n_probs` log-probabilities of each generated token: of the raw logits,
     /// or of the sampler's final distribution with `post_sampling_probs`.
     pub n_probs: usize,

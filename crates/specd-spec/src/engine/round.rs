@@ -7,8 +7,9 @@ use super::request::{sampled_token_probs, token_probs};
 use super::{Engine, GenSeq, Planned, PromptProgress, StepEvent, TokenProbs};
 use crate::drafter::DraftDist;
 use crate::rollback::{rollback_rejected, RolledBack};
-use specd_models::Batch;
+use specd_backend::{Batch, HiddenRows};
 use specd_sampling::{Sampler, SamplingError, Verdict};
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 /// What verification keeps of a round: the accepted drafts followed by the target's own token
@@ -89,29 +90,29 @@ impl Engine {
             }
         }
         batch.want_hidden = plan.iter().any(|pl| self.seqs[&pl.id].chain.wants_hidden());
-        let t0 = Instant::now();
-        let mut out = std::mem::take(&mut self.out);
-        if self
-            .model
-            .decode_into(&mut self.mem, &batch, &mut out)
-            .is_err()
-        {
+        // Taken out while the rounds end: a checkpoint redecode decodes into an output of its
+        // own.
+        let mut out = std::mem::replace(&mut self.out, self.ctx.new_output());
+        let decoded = self
+            .ctx
+            .decode(&batch, out.as_mut(), &mut |_| ControlFlow::Continue(()));
+        let Ok(decoded) = decoded else {
             self.out = out;
             self.verify_each(plan, batch.want_hidden, on_progress, events);
             return;
-        }
+        };
         if plan.len() == 1 {
-            self.cost.observe(batch.len(), t0.elapsed().as_secs_f64());
+            self.cost.observe(batch.len(), decoded.secs);
         }
         self.report_prompt_done(&plan, on_progress);
-        let h = self.model.config().n_embd;
+        let hidden = out.hidden();
         let mut row = 0;
         for pl in plan {
             let n = pl.draft.len() + 1;
             let logits: Vec<&[f32]> = (row..row + n).map(|i| out.logits(i)).collect();
-            let hidden = out.hidden.get(row * h..(row + n) * h).unwrap_or(&[]);
+            let h = hidden.as_ref().and_then(|h| h.slice(row, n));
             row += n;
-            self.accept(&pl, &logits, hidden, events);
+            self.accept(&pl, &logits, h, events);
         }
         self.out = out;
     }
@@ -133,7 +134,7 @@ impl Engine {
             rows.extend_from_slice(&pl.draft);
             let mut b = Batch::from_tokens(&rows, p as u32, pl.id, true);
             b.want_hidden = want_hidden;
-            match self.model.decode(&mut self.mem, &b) {
+            match self.ctx.decode_new(&b) {
                 Ok(o) => {
                     self.report_prompt_done(std::slice::from_ref(&pl), on_progress);
                     outs.push((pl, o))
@@ -143,7 +144,7 @@ impl Engine {
         }
         for (pl, o) in outs {
             let logits: Vec<&[f32]> = (0..o.len()).map(|i| o.logits(i)).collect();
-            self.accept(&pl, &logits, &o.hidden, events);
+            self.accept(&pl, &logits, o.hidden(), events);
         }
     }
 
@@ -168,12 +169,12 @@ impl Engine {
 
     /// Ends one sequence's round: verification, feedback, the rollback of the rejected rows,
     /// the drafters' view of the kept hidden states (`hidden`: the rows' final hidden states
-    /// when a drafter reads them, else empty), then the stop conditions.
+    /// when a drafter reads them), then the stop conditions.
     fn accept(
         &mut self,
         plan: &Planned,
         logits: &[&[f32]],
-        hidden: &[f32],
+        hidden: Option<HiddenRows>,
         events: &mut Vec<StepEvent>,
     ) {
         let (id, draft) = (plan.id, plan.draft.as_slice());
@@ -199,16 +200,7 @@ impl Engine {
         let mut fed = vec![s.tokens[p]];
         fed.extend_from_slice(draft);
         let t_rb = Instant::now();
-        let rolled = rollback_rejected(
-            &self.model,
-            &mut self.mem,
-            id,
-            p,
-            &fed,
-            k + 1,
-            plan.cp,
-            &mut s.stats,
-        );
+        let rolled = rollback_rejected(&mut *self.ctx, id, p, &fed, k + 1, plan.cp, &mut s.stats);
         let secs = t_rb.elapsed().as_secs_f64();
         match rolled {
             Ok(RolledBack::Redecode) => self.cost.observe_redecode(k + 1, secs),
@@ -216,14 +208,13 @@ impl Engine {
             Ok(RolledBack::Nothing) => {}
             Err(e) => return self.fail(id, e.to_string(), events),
         }
-        let h = self.model.config().n_embd;
-        if let Some(kept) = hidden.get(..(k + 1) * h) {
-            s.chain.observe_target(&fed[..=k], p, kept);
+        if let Some(kept) = hidden.and_then(|h| h.slice(0, k + 1)) {
+            s.chain.observe_target(&fed[..=k], p, &kept);
         }
         let now = Instant::now();
         s.first_token.get_or_insert(now);
         s.last_token = Some(now);
-        let (emitted, finish) = s.take_tokens(id, self.model.tokenizer(), &v);
+        let (emitted, finish) = s.take_tokens(id, self.backend.tokenizer(), &v);
         if let Some(ev) = emitted {
             events.push(ev);
         }

@@ -4,7 +4,7 @@
 
 use super::round::Verified;
 use super::{FinishReason, GenSeq, StepEvent};
-use specd_memory::SeqId;
+use specd_backend::SeqId;
 use specd_tokenizer::Tokenizer;
 
 /// Why and where a sequence ends: the reason and, for a stop string, the string.

@@ -12,7 +12,7 @@ mod ram;
 
 pub use ram::RamCacheStats;
 use ram::{RamCache, Saved};
-use specd_memory::{Memory, MemoryError, SeqId};
+use specd_backend::{MemoryError, SeqId, SequenceMemory};
 use std::collections::BTreeMap;
 
 /// Memory a finished sequence kept: the tokens it holds and the scope that may reuse them.
@@ -73,7 +73,7 @@ pub(crate) struct PromptReuse {
 }
 
 impl PromptReuse {
-    pub fn configure(&mut self, mem: &mut Memory, keep: bool, max_checkpoints: usize) {
+    pub fn configure(&mut self, mem: &mut dyn SequenceMemory, keep: bool, max_checkpoints: usize) {
         self.keep = keep;
         self.max_checkpoints = max_checkpoints;
         if !keep {
@@ -90,7 +90,7 @@ impl PromptReuse {
     }
 
     /// Frees every kept memory and the RAM cache.
-    pub fn clear(&mut self, mem: &mut Memory) {
+    pub fn clear(&mut self, mem: &mut dyn SequenceMemory) {
         for seq in std::mem::take(&mut self.kept).into_keys() {
             mem.clear(seq);
         }
@@ -102,7 +102,7 @@ impl PromptReuse {
     }
 
     /// Where `seq`'s kept memory can be taken back to now.
-    fn points(mem: &Memory, seq: SeqId) -> Points {
+    fn points(mem: &dyn SequenceMemory, seq: SeqId) -> Points {
         let n_past = mem.n_past(seq);
         Points {
             n_past,
@@ -117,7 +117,13 @@ impl PromptReuse {
 
     /// Prompt tokens a request of `scope` on `seq` would take from `seq`'s own kept memory
     /// (not counting the RAM cache, whose entries any sequence can load).
-    pub fn reusable(&self, mem: &Memory, seq: SeqId, scope: u64, prompt: &[u32]) -> usize {
+    pub fn reusable(
+        &self,
+        mem: &dyn SequenceMemory,
+        seq: SeqId,
+        scope: u64,
+        prompt: &[u32],
+    ) -> usize {
         match self.kept.get(&seq) {
             Some(k) if self.keep && k.scope == scope => {
                 Self::points(mem, seq).usable(common_prefix(&k.tokens, prompt))
@@ -132,7 +138,7 @@ impl PromptReuse {
     /// is saved to the RAM cache first.
     pub fn take(
         &mut self,
-        mem: &mut Memory,
+        mem: &mut dyn SequenceMemory,
         seq: SeqId,
         scope: u64,
         prompt: &[u32],
@@ -184,7 +190,7 @@ impl PromptReuse {
 
     /// Takes `seq`'s memory back to the most of its first `common` positions it can serve
     /// exactly; returns that count (0: memory cleared).
-    fn settle(mem: &mut Memory, seq: SeqId, common: usize) -> usize {
+    fn settle(mem: &mut dyn SequenceMemory, seq: SeqId, common: usize) -> usize {
         let n_past = mem.n_past(seq);
         if common > 0 && common == n_past {
             return common;
@@ -211,11 +217,11 @@ impl PromptReuse {
 
     /// Saves `seq`'s memory (holding `kept`) into the RAM cache, if it is on and the memory
     /// fits it; returns whether it did. The sequence's memory itself is left as it is.
-    fn stash(&mut self, mem: &Memory, seq: SeqId, kept: Kept) -> bool {
+    fn stash(&mut self, mem: &dyn SequenceMemory, seq: SeqId, kept: Kept) -> bool {
         if !self.ram.enabled() || kept.tokens.is_empty() {
             return false;
         }
-        let hybrid = mem.layout().is_hybrid();
+        let hybrid = mem.is_hybrid();
         let mut points = Self::points(mem, seq);
         // A loaded memory has no rollback record: a hybrid one can only be cut at checkpoints.
         points.cut_floor = if hybrid { points.n_past } else { 0 };
@@ -233,7 +239,7 @@ impl PromptReuse {
     /// An idle sequence's kept memory goes into the RAM cache and leaves the sequence
     /// (llama-server's `--cache-idle-slots`; the server calls it when a request starts on
     /// another sequence). Returns whether it saved.
-    pub fn cache_idle(&mut self, mem: &mut Memory, seq: SeqId) -> bool {
+    pub fn cache_idle(&mut self, mem: &mut dyn SequenceMemory, seq: SeqId) -> bool {
         let saved = match self.kept.remove(&seq) {
             Some(k) if self.keep => self.stash(mem, seq, k),
             _ => false,
@@ -243,15 +249,15 @@ impl PromptReuse {
     }
 
     /// Whether prompt checkpoints are taken: reuse on, a hybrid model, `--ctx-checkpoints` > 0.
-    pub fn checkpoints_on(&self, mem: &Memory) -> bool {
-        self.keep && self.max_checkpoints > 0 && mem.layout().is_hybrid()
+    pub fn checkpoints_on(&self, mem: &dyn SequenceMemory) -> bool {
+        self.keep && self.max_checkpoints > 0 && mem.is_hybrid()
     }
 
     /// With reuse on a hybrid model: checkpoints `seq`'s recurrent state where its prompt has
     /// been processed to (the prompt's end, or a mark the request named: a message boundary),
     /// so a later prompt that shares that much but not what follows can restart there. Keeps
     /// the newest `max_checkpoints` per sequence.
-    pub fn checkpoint_prompt(&mut self, mem: &mut Memory, seq: SeqId) {
+    pub fn checkpoint_prompt(&mut self, mem: &mut dyn SequenceMemory, seq: SeqId) {
         if !self.checkpoints_on(mem) {
             return;
         }
@@ -272,7 +278,7 @@ impl PromptReuse {
 
     /// A finished sequence's memory: freed, or kept (holding `tokens`' prefix) for reuse by
     /// requests of `scope`.
-    pub fn retire(&mut self, mem: &mut Memory, seq: SeqId, scope: u64, tokens: &[u32]) {
+    pub fn retire(&mut self, mem: &mut dyn SequenceMemory, seq: SeqId, scope: u64, tokens: &[u32]) {
         if !self.keep {
             mem.clear(seq);
             return;
@@ -297,7 +303,7 @@ impl PromptReuse {
     /// memory as bytes.
     pub fn save(
         &self,
-        mem: &Memory,
+        mem: &dyn SequenceMemory,
         seq: SeqId,
         scope: u64,
     ) -> Result<(Vec<u32>, Vec<u8>), MemoryError> {
@@ -311,7 +317,7 @@ impl PromptReuse {
     /// Slot restore: `seq` holds `tokens` with the saved memory `state`, reusable by `scope`.
     pub fn restore(
         &mut self,
-        mem: &mut Memory,
+        mem: &mut dyn SequenceMemory,
         seq: SeqId,
         scope: u64,
         tokens: Vec<u32>,
@@ -334,7 +340,7 @@ impl PromptReuse {
     }
 
     /// Frees the memory `seq` kept.
-    pub fn forget(&mut self, mem: &mut Memory, seq: SeqId) {
+    pub fn forget(&mut self, mem: &mut dyn SequenceMemory, seq: SeqId) {
         self.kept.remove(&seq);
         mem.clear(seq);
     }

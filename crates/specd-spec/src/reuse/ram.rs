@@ -1,5 +1,5 @@
 //! The prompt cache in RAM: saved sequence memories (KV, recurrent state and its prompt-end
-//! checkpoints, as [`specd_memory::Memory::save_sequence`] writes them) of conversations whose
+//! checkpoints, as [`specd_backend::SequenceMemory::save_sequence`] writes them) of conversations whose
 //! slot was taken by another, bounded in bytes, least recently used evicted first. An entry
 //! moves back into whichever sequence serves its conversation's next request.
 

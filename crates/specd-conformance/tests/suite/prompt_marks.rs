@@ -10,25 +10,24 @@
 //! * Speculation stays exact through it: a turn that resumes from a mark and then decodes
 //!   speculatively gives the tokens a fresh engine gives without speculation (property test).
 
+use crate::BACKEND;
 use proptest::prelude::*;
-use specd_memory::MemoryConfig;
-use specd_models::{Batch, Model};
+use specd_backend::MemoryConfig;
+use specd_backend::{Backend, Batch};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SeqOutput, SequenceRequest, SpecParams};
 use specd_testmodel::{Preset, TestModelSpec, WeightStyle};
 use std::sync::{Arc, OnceLock};
 
-mod common;
-
 /// A tiny Qwen3.5 with an MTP head, prompts processed in pieces of 16 rows (so marks fall
 /// inside pieces and pieces are cut at them).
-fn model() -> Arc<Model> {
-    static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
+fn model() -> Arc<dyn Backend> {
+    static M: OnceLock<(tempfile::TempDir, Arc<dyn Backend>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
         spec.style = WeightStyle::Varied;
         spec.mtp = true;
-        let m = common::load_ubatch(dir.path(), "m.gguf", &spec, 16);
+        let m = specd_conformance::models::load_ubatch(BACKEND, dir.path(), "m.gguf", &spec, 16);
         (dir, m)
     })
     .1
@@ -45,7 +44,7 @@ fn engine_with(reuse: bool, rollback: RollbackKind) -> Engine {
         max_seqs: 2,
         ..Default::default()
     };
-    let mut e = Engine::new(model(), cfg, rollback);
+    let mut e = Engine::new(model(), cfg, rollback).unwrap();
     e.set_prompt_cache(reuse, 8);
     e
 }
@@ -99,15 +98,17 @@ fn scored_prompts_match_teacher_forced_decoding() {
     let m = model();
     let p = prompt(70, 5);
     // Teacher forcing: one position at a time, the logits of each.
-    let mut mem = m.new_memory(MemoryConfig {
-        n_ctx: 256,
-        max_seqs: 1,
-        ..Default::default()
-    });
+    let mut ctx = m
+        .new_context(MemoryConfig {
+            n_ctx: 256,
+            max_seqs: 1,
+            ..Default::default()
+        })
+        .unwrap();
     let mut expected = Vec::new();
     for (i, &t) in p[..p.len() - 1].iter().enumerate() {
-        let out = m
-            .decode(&mut mem, &Batch::from_tokens(&[t], i as u32, 0, true))
+        let out = ctx
+            .decode_new(&Batch::from_tokens(&[t], i as u32, 0, true))
             .unwrap();
         expected.push(logprob(out.logits(0), p[i + 1]));
     }

@@ -1,7 +1,9 @@
 //! Edge cases of speculative rounds (docs/speculative.md §6) and the no-leak property.
 
-use specd_memory::MemoryConfig;
-use specd_models::{Model, ModelOptions};
+use crate::BACKEND;
+use specd_backend::MemoryConfig;
+use specd_backend::{Backend, Batch};
+use specd_conformance::LoadOptions;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{
     DrafterKind, Engine, FinishReason, RollbackKind, SeqOutput, SequenceRequest, SpecParams,
@@ -11,24 +13,15 @@ use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-fn model() -> Arc<Model> {
-    static M: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
+fn model() -> Arc<dyn Backend> {
+    static M: OnceLock<(tempfile::TempDir, Arc<dyn Backend>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
         spec.style = WeightStyle::Varied;
         let p = dir.path().join("m.gguf");
         write_model(&spec, &p).unwrap();
-        let m = Arc::new(
-            Model::load(
-                &p,
-                ModelOptions {
-                    n_threads: 2,
-                    n_ubatch: 64,
-                },
-            )
-            .unwrap(),
-        );
+        let m = BACKEND(&p, LoadOptions::default());
         (dir, m)
     })
     .1
@@ -56,6 +49,7 @@ fn synthetic(reference: Vec<u32>, rate: f32, n_max: usize) -> (SpecParams, Optio
 
 fn generate(n_ctx: usize, req: SequenceRequest, rb: RollbackKind) -> SeqOutput {
     Engine::new(model(), cfg(n_ctx, 1), rb)
+        .unwrap()
         .generate(0, req)
         .unwrap()
 }
@@ -164,7 +158,7 @@ fn a_refused_request_does_not_disturb_running_ones() {
         ..SamplerParams::default()
     };
     let alone = generate(256, a.clone(), RollbackKind::Replay);
-    let mut e = Engine::new(model(), cfg(256, 4), RollbackKind::Replay);
+    let mut e = Engine::new(model(), cfg(256, 4), RollbackKind::Replay).unwrap();
     e.add(0, a).unwrap();
     let mut out = None;
     let mut step = 0;
@@ -199,13 +193,19 @@ fn a_refused_request_does_not_disturb_running_ones() {
 #[test]
 fn no_leaks_after_thousands_of_rounds() {
     let m = model();
-    let per_pos = m.memory_layout().kv_bytes_per_pos();
+    // KV bytes of one position, read off a context holding one.
+    let per_pos = {
+        let mut c = m.new_context(cfg(8, 1)).unwrap();
+        c.decode_new(&Batch::from_tokens(&[1], 0, 0, false))
+            .unwrap();
+        c.usage().kv_bytes
+    };
     for rb in [
         RollbackKind::Replay,
         RollbackKind::Snapshot,
         RollbackKind::Checkpoint,
     ] {
-        let mut e = Engine::new(m.clone(), cfg(1024, 3), rb);
+        let mut e = Engine::new(m.clone(), cfg(1024, 3), rb).unwrap();
         let mut expected: BTreeMap<u32, usize> = BTreeMap::new();
         for seq in 0..3u32 {
             let p: Vec<u32> = prompt().iter().map(|t| t + seq).collect();
@@ -265,7 +265,7 @@ fn no_leaks_after_thousands_of_rounds() {
 #[test]
 fn prompt_progress_per_chunk() {
     use specd_spec::PromptProgress;
-    let mut e = Engine::new(model(), cfg(512, 2), RollbackKind::Replay);
+    let mut e = Engine::new(model(), cfg(512, 2), RollbackKind::Replay).unwrap();
     let p0: Vec<u32> = (0..100u32).map(|i| (i * 7 + 3) % 400).collect();
     let p1: Vec<u32> = (0..50u32).map(|i| (i * 11 + 1) % 400).collect();
     e.add(0, SequenceRequest::greedy(p0, 4)).unwrap();
@@ -346,7 +346,7 @@ fn a_prefill_stopped_for_a_client_that_left_resumes_the_others_exactly() {
             ..SequenceRequest::greedy(stay.clone(), 24)
         };
         let alone = generate(512, req(), rb);
-        let mut e = Engine::new(model(), cfg(512, 2), rb);
+        let mut e = Engine::new(model(), cfg(512, 2), rb).unwrap();
         e.add(0, req()).unwrap();
         e.add(1, SequenceRequest::greedy(leave.clone(), 4)).unwrap();
         let mut seen = Vec::new();

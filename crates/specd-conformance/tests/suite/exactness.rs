@@ -2,35 +2,35 @@
 //! for every drafter, every rollback path, every sampler, any number of parallel sequences.
 
 use proptest::prelude::*;
+use specd_backend::Backend;
+use specd_backend::{KvType, MemoryConfig};
 use specd_gguf::TensorType;
-use specd_memory::{KvType, MemoryConfig};
-use specd_models::Model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, RollbackKind, SequenceRequest, SpecParams, StepEvent};
 use specd_testmodel::{Preset, WeightStyle};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-mod common;
-use common::{kquant_test_model, kquant_type_test_model, test_model};
+use crate::BACKEND;
+use specd_conformance::models::{kquant_test_model, kquant_type_test_model, test_model};
 
 struct Models {
     _dir: tempfile::TempDir,
-    hybrid: Arc<Model>,
-    repetitive: Arc<Model>,
-    llama: Arc<Model>,
+    hybrid: Arc<dyn Backend>,
+    repetitive: Arc<dyn Backend>,
+    llama: Arc<dyn Backend>,
     /// Quantised in a K-quant mix: every native quantised kernel.
-    kquant: Arc<Model>,
+    kquant: Arc<dyn Backend>,
     /// All Q2_K / all Q3_K matrices.
-    q2_k: Arc<Model>,
-    q3_k: Arc<Model>,
+    q2_k: Arc<dyn Backend>,
+    q3_k: Arc<dyn Backend>,
     /// Every matrix Q4_1, Q5_0, Q5_1 (one model each).
-    block32: [Arc<Model>; 3],
+    block32: [Arc<dyn Backend>; 3],
     /// qwen35moe: the rows of a verification batch route to different experts.
-    moe: Arc<Model>,
+    moe: Arc<dyn Backend>,
     /// qwen3next: MoE, NEOX rotary, DeltaNet value heads grouped by key head.
-    next: Arc<Model>,
-    draft: Arc<Model>,
+    next: Arc<dyn Backend>,
+    draft: Arc<dyn Backend>,
 }
 
 fn models() -> &'static Models {
@@ -42,6 +42,7 @@ fn models() -> &'static Models {
         // `draft-mtp` is exercised too.
         Models {
             hybrid: test_model(
+                BACKEND,
                 d,
                 "h.gguf",
                 Preset::Qwen35Tiny,
@@ -50,6 +51,7 @@ fn models() -> &'static Models {
                 true,
             ),
             repetitive: test_model(
+                BACKEND,
                 d,
                 "r.gguf",
                 Preset::Qwen35Tiny,
@@ -58,6 +60,7 @@ fn models() -> &'static Models {
                 true,
             ),
             llama: test_model(
+                BACKEND,
                 d,
                 "l.gguf",
                 Preset::LlamaTiny,
@@ -65,12 +68,13 @@ fn models() -> &'static Models {
                 3,
                 false,
             ),
-            kquant: kquant_test_model(d, "k.gguf", 5),
-            q2_k: kquant_type_test_model(d, "k2.gguf", 7, TensorType::Q2_K),
-            q3_k: kquant_type_test_model(d, "k3.gguf", 8, TensorType::Q3_K),
+            kquant: kquant_test_model(BACKEND, d, "k.gguf", 5),
+            q2_k: kquant_type_test_model(BACKEND, d, "k2.gguf", 7, TensorType::Q2_K),
+            q3_k: kquant_type_test_model(BACKEND, d, "k3.gguf", 8, TensorType::Q3_K),
             block32: [TensorType::Q4_1, TensorType::Q5_0, TensorType::Q5_1]
-                .map(|t| kquant_type_test_model(d, &format!("{t}.gguf"), 9, t)),
+                .map(|t| kquant_type_test_model(BACKEND, d, &format!("{t}.gguf"), 9, t)),
             moe: test_model(
+                BACKEND,
                 d,
                 "m.gguf",
                 Preset::Qwen35MoeTiny,
@@ -79,6 +83,7 @@ fn models() -> &'static Models {
                 true,
             ),
             next: test_model(
+                BACKEND,
                 d,
                 "n.gguf",
                 Preset::Qwen3NextTiny,
@@ -87,6 +92,7 @@ fn models() -> &'static Models {
                 true,
             ),
             draft: test_model(
+                BACKEND,
                 d,
                 "d.gguf",
                 Preset::Qwen35Tiny,
@@ -131,7 +137,11 @@ fn sampler(kind: usize, seed: u32) -> SamplerParams {
 }
 
 /// Runs all requests together in one engine; returns each sequence's tokens.
-fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -> Vec<Vec<u32>> {
+fn run(
+    model: &Arc<dyn Backend>,
+    reqs: Vec<SequenceRequest>,
+    rollback: RollbackKind,
+) -> Vec<Vec<u32>> {
     run_kv(model, reqs, rollback, KvType::F32, false)
 }
 
@@ -139,7 +149,7 @@ fn run(model: &Arc<Model>, reqs: Vec<SequenceRequest>, rollback: RollbackKind) -
 /// on, so that the requests' checkpoint marks take effect (finished sequences then keep their
 /// memory).
 fn run_kv(
-    model: &Arc<Model>,
+    model: &Arc<dyn Backend>,
     reqs: Vec<SequenceRequest>,
     rollback: RollbackKind,
     kv: KvType,
@@ -152,7 +162,7 @@ fn run_kv(
         kv_type_v: kv,
         ..Default::default()
     };
-    let mut e = Engine::new(model.clone(), cfg, rollback);
+    let mut e = Engine::new(model.clone(), cfg, rollback).unwrap();
     e.set_prompt_cache(reuse, 4);
     let n = reqs.len();
     for (i, r) in reqs.into_iter().enumerate() {
@@ -276,7 +286,7 @@ proptest! {
             k => &m.block32[k - 8],
         };
         // Only the Qwen3.5 family's files (dense, MoE, Qwen3-Next) have an MTP head.
-        let model = if DRAFTERS[drafter] == "draft-mtp" && !model.has_mtp() { &m.hybrid } else { model };
+        let model = if DRAFTERS[drafter] == "draft-mtp" && !model.info().has_mtp { &m.hybrid } else { model };
         let rollback = [RollbackKind::Replay, RollbackKind::Snapshot, RollbackKind::Checkpoint][rollback];
         let n_predict = 24;
         let base: Vec<SequenceRequest> = prompts
@@ -342,7 +352,7 @@ fn always_right_drafts_are_all_accepted_and_always_wrong_none() {
             max_seqs: 1,
             ..Default::default()
         };
-        let mut e = Engine::new(m.hybrid.clone(), cfg, RollbackKind::Replay);
+        let mut e = Engine::new(m.hybrid.clone(), cfg, RollbackKind::Replay).unwrap();
         let out = e.generate(0, r).unwrap();
         assert_eq!(out.tokens, plain[0]);
         if expect_all {
@@ -372,7 +382,7 @@ fn logit_bias_and_post_sampling_probs_are_the_same_with_speculation() {
             max_seqs: 1,
             ..Default::default()
         };
-        let mut e = Engine::new(m.repetitive.clone(), cfg, RollbackKind::Replay);
+        let mut e = Engine::new(m.repetitive.clone(), cfg, RollbackKind::Replay).unwrap();
         e.generate(0, r).unwrap()
     };
     let plain = run_one(SpecParams::default());
@@ -402,7 +412,7 @@ fn moe_mtp_heads_keep_speculation_exact() {
     let m = models();
     let prompts = [vec![5u32, 9, 14, 3, 200, 31], vec![77u32, 8, 512, 40]];
     for model in [&m.moe, &m.next] {
-        assert!(model.has_mtp());
+        assert!(model.info().has_mtp);
         for samp in 0..4 {
             let base: Vec<SequenceRequest> = prompts
                 .iter()

@@ -2,8 +2,8 @@
 //! drafters sample their drafts, runs repeat for a seed, rollback leaves exactly the emitted
 //! tokens in memory, and every round it does not apply to stays exact.
 
-use specd_memory::MemoryConfig;
-use specd_models::Model;
+use specd_backend::Backend;
+use specd_backend::MemoryConfig;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{
     DrafterKind, Engine, RollbackKind, SeqOutput, SequenceRequest, SpecParams, StepEvent,
@@ -12,15 +12,15 @@ use specd_spec::{
 use specd_testmodel::{Preset, WeightStyle};
 use std::sync::{Arc, OnceLock};
 
-mod common;
-use common::test_model;
+use crate::BACKEND;
+use specd_conformance::models::test_model;
 
 struct Models {
     _dir: tempfile::TempDir,
     /// Qwen3.5 target with an MTP head.
-    target: Arc<Model>,
+    target: Arc<dyn Backend>,
     /// A different model with the same vocabulary, for `draft-simple`.
-    draft: Arc<Model>,
+    draft: Arc<dyn Backend>,
 }
 
 fn models() -> &'static Models {
@@ -30,6 +30,7 @@ fn models() -> &'static Models {
         let d = dir.path();
         Models {
             target: test_model(
+                BACKEND,
                 d,
                 "t.gguf",
                 Preset::Qwen35Tiny,
@@ -40,6 +41,7 @@ fn models() -> &'static Models {
             // Varied like the target: a Repetitive model is near-deterministic where the target
             // is near-flat, and their distributions would hardly overlap (nothing accepted).
             draft: test_model(
+                BACKEND,
                 d,
                 "d.gguf",
                 Preset::Qwen35Tiny,
@@ -84,7 +86,7 @@ fn spec(drafter: DrafterKind, verify: VerifyKind) -> SpecParams {
     }
 }
 
-fn request(sampler: SamplerParams, spec: SpecParams, draft: &Arc<Model>) -> SequenceRequest {
+fn request(sampler: SamplerParams, spec: SpecParams, draft: &Arc<dyn Backend>) -> SequenceRequest {
     let prompt: Vec<u32> = (0..10u32).map(|i| (i * 97 + 5) % 400).collect();
     let mut r = SequenceRequest::greedy(prompt, 40);
     r.sampler = sampler;
@@ -104,7 +106,7 @@ fn run_checked(req: SequenceRequest, rb: RollbackKind) -> SeqOutput {
         max_seqs: 1,
         ..Default::default()
     };
-    let mut e = Engine::new(m.clone(), cfg, rb);
+    let mut e = Engine::new(m.clone(), cfg, rb).unwrap();
     let mut n_tokens = req.prompt.len();
     e.add(0, req).unwrap();
     let mut rounds = 0;

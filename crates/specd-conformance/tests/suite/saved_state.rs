@@ -5,25 +5,27 @@
 //! RAM moves the same saved memory between conversations on one sequence: a conversation
 //! continued from it is the conversation that never left, and scopes never share it.
 
-use specd_memory::{KvType, MemoryConfig};
-use specd_models::{Model, ModelOptions};
+use crate::BACKEND;
+use specd_backend::Backend;
+use specd_backend::{KvType, MemoryConfig};
+use specd_conformance::LoadOptions;
 use specd_spec::{Engine, RollbackKind, SeqOutput, SequenceRequest};
 use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::sync::Arc;
 
-fn load(dir: &std::path::Path, preset: Preset, name: &str) -> Arc<Model> {
+fn load(dir: &std::path::Path, preset: Preset, name: &str) -> Arc<dyn Backend> {
     let mut spec = TestModelSpec::preset(preset);
     spec.style = WeightStyle::Varied;
     let p = dir.join(name);
     write_model(&spec, &p).unwrap();
-    let opts = ModelOptions {
+    let opts = LoadOptions {
         n_threads: 2,
         n_ubatch: 16,
     };
-    Arc::new(Model::load(p, opts).unwrap())
+    BACKEND(&p, opts)
 }
 
-fn engine(model: &Arc<Model>, kv: KvType) -> Engine {
+fn engine(model: &Arc<dyn Backend>, kv: KvType) -> Engine {
     let cfg = MemoryConfig {
         n_ctx: 256,
         max_seqs: 2,
@@ -31,7 +33,7 @@ fn engine(model: &Arc<Model>, kv: KvType) -> Engine {
         kv_type_v: kv,
         ..Default::default()
     };
-    let mut e = Engine::new(model.clone(), cfg, RollbackKind::Replay);
+    let mut e = Engine::new(model.clone(), cfg, RollbackKind::Replay).unwrap();
     e.set_prompt_cache(true, 4);
     e
 }

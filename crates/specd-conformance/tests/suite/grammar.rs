@@ -1,29 +1,22 @@
 //! Grammar-constrained generation through the engine: outputs follow the grammar, forced
 //! tokens are drafted for free, speculation stays exact, invalid grammars are refused.
 
-use specd_memory::MemoryConfig;
-use specd_models::{Model, ModelOptions};
+use crate::BACKEND;
+use specd_backend::Backend;
+use specd_backend::MemoryConfig;
+use specd_conformance::LoadOptions;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, FinishReason, RollbackKind, SequenceRequest, SpecParams};
 use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
 use std::sync::Arc;
 
-fn model() -> (tempfile::TempDir, Arc<Model>) {
+fn model() -> (tempfile::TempDir, Arc<dyn Backend>) {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
     spec.style = WeightStyle::Varied;
     let p = dir.path().join("m.gguf");
     write_model(&spec, &p).unwrap();
-    let m = Arc::new(
-        Model::load(
-            &p,
-            ModelOptions {
-                n_threads: 2,
-                n_ubatch: 64,
-            },
-        )
-        .unwrap(),
-    );
+    let m = BACKEND(&p, LoadOptions::default());
     (dir, m)
 }
 
@@ -41,7 +34,7 @@ fn schema() -> GrammarSpec {
     }))
 }
 
-fn run(m: &Arc<Model>, spec: SpecParams, sampler: SamplerParams) -> specd_spec::SeqOutput {
+fn run(m: &Arc<dyn Backend>, spec: SpecParams, sampler: SamplerParams) -> specd_spec::SeqOutput {
     let prompt = m
         .tokenizer()
         .encode("answer in JSON:", false, false)
@@ -56,6 +49,7 @@ fn run(m: &Arc<Model>, spec: SpecParams, sampler: SamplerParams) -> specd_spec::
         ..Default::default()
     };
     Engine::new(m.clone(), cfg, RollbackKind::Replay)
+        .unwrap()
         .generate(0, r)
         .unwrap()
 }
@@ -118,7 +112,7 @@ fn invalid_grammar_is_refused_at_add() {
         max_seqs: 1,
         ..Default::default()
     };
-    let mut e = Engine::new(m.clone(), cfg, RollbackKind::Replay);
+    let mut e = Engine::new(m.clone(), cfg, RollbackKind::Replay).unwrap();
     let mut r = SequenceRequest::greedy(vec![1, 2, 3], 8);
     r.grammar = Some(GrammarSpec::Gbnf("root ::= nowhere".into()));
     let err = e.add(0, r).unwrap_err().to_string();
