@@ -3,13 +3,13 @@
 use crate::BACKEND;
 use specd_backend::MemoryConfig;
 use specd_backend::{Backend, Batch};
-use specd_conformance::LoadOptions;
+use specd_conformance::models::test_model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{
     DrafterKind, Engine, FinishReason, RollbackKind, SeqOutput, SequenceRequest, SpecParams,
     StepEvent,
 };
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use specd_testmodel::{Preset, WeightStyle};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
@@ -17,11 +17,15 @@ fn model() -> Arc<dyn Backend> {
     static M: OnceLock<(tempfile::TempDir, Arc<dyn Backend>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
-        spec.style = WeightStyle::Varied;
-        let p = dir.path().join("m.gguf");
-        write_model(&spec, &p).unwrap();
-        let m = BACKEND(&p, LoadOptions::default());
+        let m = test_model(
+            BACKEND,
+            dir.path(),
+            "m.gguf",
+            Preset::Qwen35Tiny,
+            WeightStyle::Varied,
+            42,
+            false,
+        );
         (dir, m)
     })
     .1

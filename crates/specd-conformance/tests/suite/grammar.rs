@@ -4,19 +4,23 @@
 use crate::BACKEND;
 use specd_backend::Backend;
 use specd_backend::MemoryConfig;
-use specd_conformance::LoadOptions;
+use specd_conformance::models::test_model;
 use specd_sampling::{GrammarSpec, SamplerParams};
 use specd_spec::{DrafterKind, Engine, FinishReason, RollbackKind, SequenceRequest, SpecParams};
-use specd_testmodel::{write_model, Preset, TestModelSpec, WeightStyle};
+use specd_testmodel::{Preset, WeightStyle};
 use std::sync::Arc;
 
 fn model() -> (tempfile::TempDir, Arc<dyn Backend>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = TestModelSpec::preset(Preset::Qwen35Tiny);
-    spec.style = WeightStyle::Varied;
-    let p = dir.path().join("m.gguf");
-    write_model(&spec, &p).unwrap();
-    let m = BACKEND(&p, LoadOptions::default());
+    let m = test_model(
+        BACKEND,
+        dir.path(),
+        "m.gguf",
+        Preset::Qwen35Tiny,
+        WeightStyle::Varied,
+        42,
+        false,
+    );
     (dir, m)
 }
 

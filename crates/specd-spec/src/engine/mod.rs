@@ -140,8 +140,9 @@ pub struct Engine {
     /// Prompt reuse: what finished sequences keep, and the RAM cache (see
     /// [`Engine::set_prompt_cache`]).
     reuse: PromptReuse,
-    /// The rounds' decode output, kept so that its buffers are reused.
-    out: Box<dyn Output>,
+    /// The rounds' decode output, kept so that its buffers are reused (taken out while a round
+    /// ends: a checkpoint redecode then decodes into an output of its own).
+    out: Option<Box<dyn Output>>,
 }
 
 impl Engine {
@@ -161,7 +162,7 @@ impl Engine {
         } else {
             CostModel::with_fast_window(ctx.config().rollback_window)
         };
-        let out = ctx.new_output();
+        let out = Some(ctx.new_output());
         Ok(Engine {
             backend,
             ctx,

@@ -90,14 +90,12 @@ impl Engine {
             }
         }
         batch.want_hidden = plan.iter().any(|pl| self.seqs[&pl.id].chain.wants_hidden());
-        // Taken out while the rounds end: a checkpoint redecode decodes into an output of its
-        // own.
-        let mut out = std::mem::replace(&mut self.out, self.ctx.new_output());
+        let mut out = self.out.take().unwrap_or_else(|| self.ctx.new_output());
         let decoded = self
             .ctx
             .decode(&batch, out.as_mut(), &mut |_| ControlFlow::Continue(()));
         let Ok(decoded) = decoded else {
-            self.out = out;
+            self.out = Some(out);
             self.verify_each(plan, batch.want_hidden, on_progress, events);
             return;
         };
@@ -114,7 +112,7 @@ impl Engine {
             row += n;
             self.accept(&pl, &logits, h, events);
         }
-        self.out = out;
+        self.out = Some(out);
     }
 
     /// The retry of a failed verification batch: each sequence's rows alone, so that only the
