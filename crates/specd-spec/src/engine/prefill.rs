@@ -65,13 +65,21 @@ impl Engine {
             let Some(s) = self.seqs.get_mut(id) else {
                 continue;
             };
-            let start = *s.prompt_start.get_or_insert(t0);
+            // A prompt that starts in this step has taken no time yet (reported as 0, as
+            // llama-server does); one resumed after a stopped prefill reports its time so far.
+            let secs = match s.prompt_start {
+                Some(start) => start.elapsed().as_secs_f64(),
+                None => {
+                    s.prompt_start = Some(t0);
+                    0.0
+                }
+            };
             on_progress(PromptProgress {
                 seq: *id,
                 total: s.n_prompt,
                 cache: s.n_cached,
                 processed: s.n_in_memory,
-                secs: start.elapsed().as_secs_f64(),
+                secs,
             });
             let from = batch.len();
             // Tokens reused from kept memory (prompt cache), or processed by an earlier step
